@@ -1,0 +1,77 @@
+"""`MemoryResultCache`: the result cache in a dict, for tests and short-lived processes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+import attrs
+
+from ._policy import resources_overlap
+from ._protocol import CacheEntry, CacheStatistics
+
+__all__ = ["MemoryResultCache"]
+
+
+@attrs.define
+class _Counters:
+    hits: int = 0
+    misses: int = 0
+    writes: int = 0
+    invalidations: int = 0
+    expired: int = 0
+
+
+class MemoryResultCache:
+    """A `ResultCache` held in this process's memory. `clock` returns seconds (wall time)."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time, max_entries: int = 10_000) -> None:
+        self._clock = clock
+        self._max_entries = max_entries
+        self._entries: dict[str, tuple[float, CacheEntry]] = {}
+        self._counters = _Counters()
+
+    def get(self, key: str) -> CacheEntry | None:
+        found = self._entries.get(key)
+        if found is None:
+            self._counters.misses += 1
+            return None
+        expires_at, entry = found
+        if self._clock() >= expires_at:
+            del self._entries[key]
+            self._counters.expired += 1
+            self._counters.misses += 1
+            return None
+        self._counters.hits += 1
+        return entry
+
+    def set(self, key: str, content: str, *, ttl: float, reads: Iterable[str] = ()) -> None:
+        now = self._clock()
+        if key not in self._entries and len(self._entries) >= self._max_entries:
+            # dicts keep insertion order: the oldest write goes first
+            del self._entries[next(iter(self._entries))]
+        self._entries[key] = (now + ttl, CacheEntry(content, frozenset(reads), now))
+        self._counters.writes += 1
+
+    def invalidate(self, resources: Iterable[str]) -> int:
+        written = list(resources)
+        doomed = [k for k, (_, e) in self._entries.items() if resources_overlap(e.reads, written)]
+        for key in doomed:
+            del self._entries[key]
+        self._counters.invalidations += len(doomed)
+        return len(doomed)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def statistics(self) -> CacheStatistics:
+        c = self._counters
+        return CacheStatistics(
+            hits=c.hits,
+            misses=c.misses,
+            writes=c.writes,
+            invalidations=c.invalidations,
+            expired=c.expired,
+            errors=0,
+            entries=len(self._entries),
+        )

@@ -1,0 +1,190 @@
+"""`Tool` (a definition) and `Registry` (the named set a dispatcher serves).
+
+Registration is where a tool is checked: its name, its JSON schema (Draft 2020-12,
+checked once) and its compiled validator. Nothing here runs a tool.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import attrs
+import jsonschema
+import xxhash
+
+from cache import CachePolicy
+
+from ._exceptions import ToolDefinitionError, UnknownTool
+
+__all__ = ["Registry", "RegisteredTool", "Tool", "Handler", "ResourceFn", "ArgsPredicate"]
+
+Handler = Callable[..., Any]
+"""`(args: dict, ctx: ToolContext) -> str | dict | list | bytes`, sync or async."""
+ResourceFn = Callable[[Mapping[str, Any]], Any]
+"""`(args) -> set[str]` of resource keys, sync or async."""
+ArgsPredicate = Callable[[Mapping[str, Any]], Any]
+"""`(args) -> bool`, sync or async."""
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+_EMPTY_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
+
+
+def _default_parameters() -> Mapping[str, Any]:
+    return dict(_EMPTY_SCHEMA)
+
+
+@attrs.frozen
+class Tool:
+    """A tool definition.
+
+    `concurrent` and `confirm` may be a bool or a predicate on the arguments.
+    `reads` / `writes` return the resource keys a call touches (`"file:/abs/path"`,
+    `"url:https://..."`); a call that writes anything is never deduped or cached, and
+    its success invalidates what overlaps it. `writes` returning `{"file:/"}` says
+    "unknown effects on files". `timeout` is seconds (None: the dispatcher's).
+    """
+
+    name: str
+    description: str
+    handler: Handler
+    parameters: Mapping[str, Any] = attrs.field(factory=_default_parameters)
+    concurrent: bool | ArgsPredicate = False
+    deferred: bool = True
+    confirm: bool | ArgsPredicate = False
+    cache: CachePolicy | None = None
+    timeout: float | None = None
+    reads: ResourceFn | None = None
+    writes: ResourceFn | None = None
+
+    def schema(self) -> dict[str, Any]:
+        """Name, description and parameters, provider-neutral."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": dict(self.parameters),
+        }
+
+
+@attrs.frozen
+class RegisteredTool:
+    """A tool as the registry holds it: checked, with what pass 1 needs ready-made."""
+
+    tool: Tool
+    validator: Any  # a jsonschema Draft202012Validator
+    defaults: Mapping[str, Any]
+    is_async: bool
+    schema_json: str
+
+    @property
+    def name(self) -> str:
+        return self.tool.name
+
+
+def _is_async_callable(fn: Callable[..., Any]) -> bool:
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _top_level_defaults(schema: Mapping[str, Any]) -> dict[str, Any]:
+    props = schema.get("properties")
+    if not isinstance(props, Mapping):
+        return {}
+    return {
+        name: spec["default"]
+        for name, spec in props.items()
+        if isinstance(spec, Mapping) and "default" in spec
+    }
+
+
+def register_check(tool: Tool) -> RegisteredTool:
+    """Check `tool` and compile its validator; raise ToolDefinitionError naming the fault."""
+    if not isinstance(tool, Tool):
+        raise ToolDefinitionError(f"expected a Tool, got {tool!r}")
+    if not _NAME.match(tool.name):
+        raise ToolDefinitionError(
+            f"a tool name is 1-128 characters of letters, digits, '_', '-' or '.', got {tool.name!r}"
+        )
+    if not callable(tool.handler):
+        raise ToolDefinitionError(f"tool {tool.name!r}: handler is not callable, got {tool.handler!r}")
+    schema = tool.parameters
+    if not isinstance(schema, Mapping):
+        raise ToolDefinitionError(f"tool {tool.name!r}: parameters must be a JSON schema object")
+    if schema.get("type", "object") != "object":
+        raise ToolDefinitionError(
+            f"tool {tool.name!r}: parameters must describe an object, got type {schema.get('type')!r}"
+        )
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ToolDefinitionError(f"tool {tool.name!r}: invalid JSON schema: {exc.message}") from exc
+    try:
+        schema_json = json.dumps(tool.schema(), sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ToolDefinitionError(f"tool {tool.name!r}: schema is not JSON: {exc}") from exc
+    if tool.timeout is not None and not tool.timeout > 0:
+        raise ToolDefinitionError(f"tool {tool.name!r}: timeout must be positive, got {tool.timeout!r}")
+    return RegisteredTool(
+        tool=tool,
+        validator=jsonschema.Draft202012Validator(schema, format_checker=None),
+        defaults=_top_level_defaults(schema),
+        is_async=_is_async_callable(tool.handler),
+        schema_json=schema_json,
+    )
+
+
+class Registry:
+    """The tools a dispatcher can run, by name, in registration order."""
+
+    def __init__(self, tools: list[Tool] | None = None) -> None:
+        self._tools: dict[str, RegisteredTool] = {}
+        for tool in tools or ():
+            self.add(tool)
+
+    def add(self, tool: Tool, *, replace: bool = False) -> Tool:
+        """Register `tool`. A second tool of the same name is an error unless `replace`."""
+        registered = register_check(tool)
+        if tool.name in self._tools and not replace:
+            raise ToolDefinitionError(f"a tool named {tool.name!r} is already registered")
+        self._tools[tool.name] = registered
+        return tool
+
+    def remove(self, name: str) -> None:
+        try:
+            del self._tools[name]
+        except KeyError:
+            raise UnknownTool(f"no tool named {name!r}") from None
+
+    def get(self, name: str) -> Tool:
+        try:
+            return self._tools[name].tool
+        except KeyError:
+            raise UnknownTool(f"no tool named {name!r}") from None
+
+    def registered(self, name: str) -> RegisteredTool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[Tool]:
+        return (r.tool for r in self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def fingerprint(self) -> str:
+        """A hash of every tool's name, description and schema: recordings carry it."""
+        h = xxhash.xxh3_128()
+        for name in sorted(self._tools):
+            h.update(self._tools[name].schema_json.encode())
+            h.update(b"\x00")
+        return h.hexdigest()

@@ -1,0 +1,267 @@
+"""The values that cross pass boundaries: calls, results, decisions, events, context.
+
+All are frozen attrs classes; change one with `attrs.evolve`. Nothing here runs a
+tool, touches trio, the disk or the clock.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+if TYPE_CHECKING:
+    from ._dispatcher import Dispatcher
+    from ._session import Session
+
+__all__ = [
+    "Allow",
+    "Decision",
+    "Deny",
+    "HistoryEntry",
+    "Interrupt",
+    "Provider",
+    "Status",
+    "ToolCall",
+    "ToolCallDispatchEvent",
+    "ToolContext",
+    "ToolResult",
+    "ToolResultEvent",
+]
+
+Provider = Literal["openai", "anthropic", "responses"]
+
+
+class Status(str, enum.Enum):
+    """What became of one call (DESIGN.md, failure contract)."""
+
+    ok = "ok"
+    failed = "failed"
+    rejected = "rejected"
+    invalid_arguments = "invalid_arguments"
+    schema_required = "schema_required"
+    denied = "denied"
+    timed_out = "timed_out"
+    expired = "expired"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@attrs.frozen
+class ToolCall:
+    """One tool call as the model emitted it. `arguments` is a JSON string or a mapping."""
+
+    id: str
+    name: str
+    arguments: str | Mapping[str, Any] = attrs.field(factory=dict)
+
+    @classmethod
+    def parse(cls, item: ToolCall | Mapping[str, Any]) -> ToolCall:
+        """Accept a ToolCall, an OpenAI chat `tool_calls` item, an OpenAI Responses
+        `function_call` item, or an Anthropic `tool_use` block."""
+        if isinstance(item, ToolCall):
+            return item
+        if not isinstance(item, Mapping):
+            raise TypeError(f"a tool call must be a ToolCall or a mapping, got {item!r}")
+        kind = item.get("type")
+        if "function" in item and isinstance(item["function"], Mapping):  # OpenAI chat
+            fn = item["function"]
+            return cls(
+                id=str(item.get("id", "")),
+                name=str(fn.get("name", "")),
+                arguments=fn.get("arguments") or {},
+            )
+        if kind == "tool_use":  # Anthropic
+            return cls(
+                id=str(item.get("id", "")),
+                name=str(item.get("name", "")),
+                arguments=item.get("input") or {},
+            )
+        if kind == "function_call":  # OpenAI Responses
+            return cls(
+                id=str(item.get("call_id") or item.get("id", "")),
+                name=str(item.get("name", "")),
+                arguments=item.get("arguments") or {},
+            )
+        if "name" in item and "id" in item:  # already our own shape, as a dict
+            return cls(
+                id=str(item["id"]),
+                name=str(item["name"]),
+                arguments=item.get("arguments") or {},
+            )
+        raise ValueError(f"not a tool call in any known provider shape: {dict(item)!r}")
+
+
+@attrs.frozen
+class ToolResult:
+    """The outcome of one call. `started` is wall-clock UTC seconds, `duration` monotonic seconds."""
+
+    call_id: str
+    name: str
+    status: Status
+    content: str
+    retryable: bool = False
+    effect_uncertain: bool = False
+    cached: bool = False
+    deduped: bool = False
+    started: float | None = None
+    duration: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.ok
+
+    def to_message(self, provider: Provider = "openai") -> dict[str, Any]:
+        """This result as the provider's tool message."""
+        if provider == "openai":
+            return {"role": "tool", "tool_call_id": self.call_id, "content": self.content}
+        if provider == "anthropic":
+            block: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": self.call_id,
+                "content": self.content,
+            }
+            if self.status is not Status.ok:
+                block["is_error"] = True
+            return block
+        if provider == "responses":
+            return {
+                "type": "function_call_output",
+                "call_id": self.call_id,
+                "output": self.content,
+            }
+        raise ValueError(f"unknown provider, expected openai, anthropic or responses, got {provider!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain dict of every field (for recordings and logs)."""
+        return {
+            "call_id": self.call_id,
+            "name": self.name,
+            "status": self.status.value,
+            "content": self.content,
+            "retryable": self.retryable,
+            "effect_uncertain": self.effect_uncertain,
+            "cached": self.cached,
+            "deduped": self.deduped,
+            "started": self.started,
+            "duration": self.duration,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ToolResult:
+        return cls(
+            call_id=data["call_id"],
+            name=data["name"],
+            status=Status(data["status"]),
+            content=data["content"],
+            retryable=bool(data.get("retryable", False)),
+            effect_uncertain=bool(data.get("effect_uncertain", False)),
+            cached=bool(data.get("cached", False)),
+            deduped=bool(data.get("deduped", False)),
+            started=data.get("started"),
+            duration=float(data.get("duration", 0.0)),
+        )
+
+    def error(self) -> dict[str, Any] | None:
+        """The failure JSON of a failed result (its first line), or None for `ok`."""
+        if self.status is Status.ok:
+            return None
+        first = self.content.split("\n", 1)[0]
+        try:
+            value = json.loads(first)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+
+@attrs.frozen
+class Allow:
+    """The gate lets the call run; `args`, if given, replace the call's arguments."""
+
+    args: Mapping[str, Any] | None = None
+
+
+@attrs.frozen
+class Deny:
+    """The gate refuses the call; the model sees `reason`."""
+
+    reason: str = "denied by the gate"
+
+
+@attrs.frozen
+class Interrupt:
+    """The gate wants a human: the batch stops before anything runs."""
+
+    reason: str
+    payload: Any = None
+
+
+Decision = Allow | Deny | Interrupt
+
+
+@attrs.frozen
+class ToolContext:
+    """What a handler, gate or hook may know about the call it serves."""
+
+    call_id: str
+    tool_name: str
+    session: Session
+    run_id: int
+    round: int
+    deadline: float | None = None
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        return self.session.dispatcher
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The session's scratch space (todo list, approvals, whatever tools keep)."""
+        return self.session.state
+
+
+@attrs.frozen
+class ToolCallDispatchEvent:
+    """What a rewriter sees (symfonic's contract): one call, before it is dispatched."""
+
+    session_id: str
+    run_id: int
+    round: int
+    call_id: str
+    tool_name: str
+    args: Mapping[str, Any]
+    available_tools: tuple[str, ...]
+
+
+@attrs.frozen
+class ToolResultEvent:
+    """Emitted in call order after a batch commits."""
+
+    session_id: str
+    run_id: int
+    round: int
+    index: int
+    call: ToolCall
+    result: ToolResult
+
+
+@attrs.frozen
+class HistoryEntry:
+    """One committed call, as the session's history keeps it (pass 3)."""
+
+    run_id: int
+    round: int
+    index: int
+    call_id: str
+    name: str
+    args: Mapping[str, Any]
+    status: Status
+    content: str
+    cached: bool
+    deduped: bool
+    started: float | None
+    duration: float
