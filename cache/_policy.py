@@ -71,9 +71,7 @@ def carries_credentials(args: Mapping[str, Any]) -> bool:
         if isinstance(value, str) and _url_has_credentials(value):
             return True
     params = args.get("params")
-    if isinstance(params, Mapping) and any(_SECRET_PARAM.search(str(k)) for k in params):
-        return True
-    return False
+    return bool(isinstance(params, Mapping) and any(_SECRET_PARAM.search(str(k)) for k in params))
 
 
 def _trimmed(resource: str) -> str:

@@ -35,7 +35,7 @@ __all__ = [
 Provider = Literal["openai", "anthropic", "responses"]
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     """What became of one call (DESIGN.md, failure contract)."""
 
     ok = "ok"
@@ -46,9 +46,6 @@ class Status(str, enum.Enum):
     denied = "denied"
     timed_out = "timed_out"
     expired = "expired"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @attrs.frozen

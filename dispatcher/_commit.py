@@ -1,0 +1,120 @@
+"""Pass 3, commit: land a batch's outcomes in the session, serially, in call order.
+
+Synchronous and sans-IO apart from the result cache handed in (a store keeps its own
+failures to itself). Returns the results and, only when somebody listens, the events;
+the session delivers events and writes the recording.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from cache import ResultCache, resources_overlap
+
+from ._plan import DedupeEntry, Plan, PlannerState
+from ._types import HistoryEntry, Status, ToolResult, ToolResultEvent
+
+__all__ = ["CommitOutcome", "commit"]
+
+log = logging.getLogger("threepass.commit")
+
+
+@attrs.frozen
+class CommitOutcome:
+    """One entry per call, in call order; None for a call that never finished."""
+
+    results: tuple[ToolResult | None, ...]
+    events: tuple[ToolResultEvent, ...]
+
+
+def _invalidate(state: PlannerState, cache: ResultCache | None, writes: frozenset[str]) -> None:
+    doomed = [k for k, e in state.dedupe.items() if resources_overlap(e.reads, writes)]
+    for key in doomed:
+        del state.dedupe[key]
+    if cache is not None:
+        try:
+            cache.invalidate(writes)
+        except Exception:  # a store's fault must never fail a call
+            log.warning("result cache invalidation failed for %s", sorted(writes), exc_info=True)
+
+
+def commit(
+    plan: Plan,
+    executed: Mapping[int, ToolResult],
+    *,
+    state: PlannerState,
+    cache: ResultCache | None,
+    history: list[HistoryEntry],
+    tool_history: dict[str, list[HistoryEntry]],
+    cache_ttls: Mapping[str, float],
+    run_id: int,
+    round: int,
+    session_id: str,
+    want_events: bool,
+) -> CommitOutcome:
+    results: list[ToolResult | None] = []
+    events: list[ToolResultEvent] = []
+    for planned in plan.calls:
+        ran = planned.index in executed
+        if planned.outcome is not None:
+            result: ToolResult | None = planned.outcome
+        elif planned.leader is not None:
+            led = results[planned.leader]
+            result = (
+                None
+                if led is None
+                else attrs.evolve(led, call_id=planned.call.id, deduped=True, started=None, duration=0.0)
+            )
+        else:
+            result = executed.get(planned.index)
+        results.append(result)
+        if result is None:
+            continue
+        call = planned.call
+        args: Any = call.arguments
+        entry = HistoryEntry(
+            run_id=run_id,
+            round=round,
+            index=planned.index,
+            call_id=call.id,
+            name=call.name,
+            args=args,
+            status=result.status,
+            content=result.content,
+            cached=result.cached,
+            deduped=result.deduped,
+            started=result.started,
+            duration=result.duration,
+        )
+        history.append(entry)
+        tool_history.setdefault(call.name, []).append(entry)
+        if planned.loads_schema:
+            state.loaded.add(call.name)
+        if ran and planned.spent_approval:
+            state.spent_approvals.add(call.id)
+        if result.status is not Status.ok:
+            continue  # failures are never remembered across rounds
+        if planned.writes:
+            if ran:
+                _invalidate(state, cache, planned.writes)
+            continue
+        if planned.key is not None and (ran or result.cached):
+            state.dedupe[planned.key] = DedupeEntry(result=result, reads=planned.reads)
+        if ran and planned.cacheable and planned.cache_key is not None and cache is not None:
+            try:
+                cache.set(planned.cache_key, result.content, ttl=cache_ttls[call.name], reads=planned.reads)
+            except Exception:
+                log.warning("result cache write failed for %s", call.name, exc_info=True)
+    if want_events:
+        events = [
+            ToolResultEvent(
+                session_id=session_id, run_id=run_id, round=round, index=i, call=plan.calls[i].call, result=r
+            )
+            for i, r in enumerate(results)
+            if r is not None
+        ]
+    return CommitOutcome(results=tuple(results), events=tuple(events))

@@ -1,0 +1,124 @@
+"""`Dispatcher`: what many sessions share — the registry, the result cache, the limiter —
+and `invoke`, the programmatic path through the same three passes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from cache import ResultCache
+
+from ._core_tools import core_registry
+from ._execute import HookSet
+from ._plan import DEFAULT_MAX_ARGUMENT_BYTES
+from ._registry import Registry
+from ._results import DEFAULT_MAX_OUTPUT_BYTES
+from ._session import Session
+from ._types import Allow, Deny, ToolCall, ToolResult
+
+__all__ = ["DEFAULT_TIMEOUT", "Dispatcher", "default_limit"]
+
+DEFAULT_TIMEOUT = 60.0
+
+Gate = Callable[..., Any]
+Rewriter = Callable[..., Any]
+
+
+def default_limit() -> int:
+    """Half the cores, at least 3."""
+    return max(3, (os.cpu_count() or 1) // 2)
+
+
+class Dispatcher:
+    """Executes tool calls for many sessions.
+
+    `cache` is the result store (None: no result cache). `max_concurrent` bounds the calls
+    running at once across every session (default: half the cores, at least 3). `gate` is
+    asked about calls that need confirmation; without one, every call runs.
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        cache: ResultCache | None = None,
+        max_concurrent: int | None = None,
+        gate: Gate | None = None,
+        rewriters: Sequence[Rewriter] = (),
+        hooks: Sequence[Any] = (),
+        on_result: Callable[..., Any] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> None:
+        if not isinstance(registry, Registry):
+            raise TypeError(f"expected a Registry, got {registry!r}")
+        limit = default_limit() if max_concurrent is None else max_concurrent
+        if limit < 1:
+            raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent!r}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+        self.registry = registry
+        self.core_registry = core_registry()
+        self.cache = cache
+        self.gate = gate
+        self.rewriters = tuple(rewriters)
+        self.hook_set = HookSet.of(hooks)
+        self.on_result = on_result
+        self.timeout = timeout
+        self.max_argument_bytes = max_argument_bytes
+        self.max_output_bytes = max_output_bytes
+        self.limiter = trio.CapacityLimiter(limit)
+        self._sessions: dict[str, Session] = {}
+        self._private: Session | None = None
+
+    @property
+    def cache_ttls(self) -> Mapping[str, float]:
+        return {t.name: t.cache.ttl for t in self.registry if t.cache is not None}
+
+    def session(
+        self,
+        session_id: str | None = None,
+        *,
+        mode: str = "deferred",
+        core: Sequence[str] = (),
+        record: str | os.PathLike[str] | None = None,
+    ) -> Session:
+        """The session named `session_id` (made on first use). `record` appends every batch to
+        that JSONL file. `core` names more tools whose schemas go in every request."""
+        if session_id is None:
+            session_id = f"s{len(self._sessions) + 1}"
+        found = self._sessions.get(session_id)
+        if found is not None:
+            return found
+        recorder = None
+        if record is not None:
+            from ._recording import Recorder
+
+            recorder = Recorder(Path(record), registry=self.registry, session_id=session_id, mode=mode)
+        session = Session(self, session_id, mode=mode, core=core, recorder=recorder)
+        self._sessions[session_id] = session
+        return session
+
+    async def invoke(
+        self,
+        name: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        session: Session | None = None,
+        call_id: str | None = None,
+        decisions: Mapping[str, Allow | Deny] | None = None,
+    ) -> ToolResult:
+        """Call one tool from code. Every tool counts as loaded; validation, gate, dedupe,
+        cache, history and recording are as for a model's call."""
+        if session is None:
+            if self._private is None:
+                self._private = Session(self, "invoke", mode="direct")
+            session = self._private
+        call = ToolCall(id=call_id or session.next_call_id(), name=name, arguments=dict(args or {}))
+        results = await session._dispatch([call], decisions=decisions, all_loaded=True)
+        return results[0]

@@ -1,0 +1,563 @@
+"""Pass 1, pre-flight: decide every call of a batch before anything runs.
+
+Synchronous and sans-IO: the planner reads the registry, the session's bookkeeping
+and a result cache handed to it, and returns attrs values. It never touches trio,
+the disk or the clock; the two awaited steps of pass 1 (rewriters and the gate) are
+driven by the session between the planner's synchronous halves:
+
+    parse -> [rewriters] -> resolve -> [gates] -> apply decisions -> finish
+
+A call's life is a small table (`_NEXT`): a step taken out of order raises.
+Each step below is numbered as in DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import xxhash
+
+from cache import ResultCache, carries_credentials, resources_overlap
+
+from ._registry import RegisteredTool, Registry
+from ._results import failure_result
+from ._types import Allow, Deny, Status, ToolCall, ToolResult
+
+__all__ = [
+    "DEFAULT_MAX_ARGUMENT_BYTES",
+    "RUN_TOOL",
+    "FIND_TOOLS",
+    "DedupeEntry",
+    "Draft",
+    "Plan",
+    "PlannedCall",
+    "Planner",
+    "PlannerState",
+    "call_key",
+    "canonical_json",
+]
+
+DEFAULT_MAX_ARGUMENT_BYTES = 1024 * 1024
+RUN_TOOL = "run_tool"
+FIND_TOOLS = "find_tools"
+FORCE = "force"
+
+# A call's life: each step may only follow the ones listed for it.
+_NEXT: dict[str, frozenset[str]] = {
+    "parsed": frozenset({"resolved", "decided"}),
+    "resolved": frozenset({"approved", "decided", "following"}),
+    "approved": frozenset({"decided", "planned"}),
+    "following": frozenset({"planned"}),
+    "decided": frozenset({"planned"}),
+}
+
+
+def canonical_json(args: Mapping[str, Any]) -> str:
+    """Sorted keys, no spaces, UTF-8 kept: the form arguments are keyed and measured in."""
+    return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def call_key(name: str, canonical: str) -> str:
+    """xxh3-128 of the tool name and its canonical arguments."""
+    return xxhash.xxh3_128_hexdigest(f"{name}\x00{canonical}".encode())
+
+
+@attrs.frozen
+class DedupeEntry:
+    """A success earlier in this run, with what it read (for invalidation)."""
+
+    result: ToolResult
+    reads: frozenset[str]
+
+
+@attrs.define
+class PlannerState:
+    """The session bookkeeping pass 1 reads. Owned by the session; pass 3 writes it."""
+
+    loaded: set[str] = attrs.field(factory=set)
+    dedupe: dict[str, DedupeEntry] = attrs.field(factory=dict)
+    spent_approvals: set[str] = attrs.field(factory=set)
+
+
+@attrs.define
+class Draft:
+    """A call while pass 1 decides it (mutable, private to pass 1)."""
+
+    index: int
+    call_id: str
+    name: str
+    args: dict[str, Any] | None
+    raw_args: str | Mapping[str, Any] | None = None
+    via_run_tool: bool = False
+    step: str = "parsed"
+    entry: RegisteredTool | None = None
+    outcome: ToolResult | None = None
+    key: str | None = None
+    reads: frozenset[str] = frozenset()
+    writes: frozenset[str] = frozenset()
+    concurrent: bool = False
+    confirm: bool = False
+    force: bool = False
+    cache_key: str | None = None
+    cacheable: bool = False
+    leader: int | None = None
+    approval: Allow | None = None
+    spent_approval: bool = False
+
+    def advance(self, step: str) -> None:
+        if step not in _NEXT.get(self.step, frozenset()):
+            raise RuntimeError(f"call {self.call_id!r}: cannot go from {self.step!r} to {step!r}")
+        self.step = step
+
+    def decide(self, outcome: ToolResult) -> None:
+        self.advance("decided")
+        self.outcome = outcome
+
+    def resolved_call(self) -> ToolCall:
+        return ToolCall(id=self.call_id, name=self.name, arguments=self.args or {})
+
+
+@attrs.frozen
+class PlannedCall:
+    """One call as pass 1 left it: decided (`outcome`), following a leader, or to run."""
+
+    index: int
+    call: ToolCall
+    tool: RegisteredTool | None
+    outcome: ToolResult | None
+    leader: int | None
+    key: str | None
+    reads: frozenset[str]
+    writes: frozenset[str]
+    concurrent: bool
+    cache_key: str | None
+    cacheable: bool
+    spent_approval: bool
+    loads_schema: bool
+
+    @property
+    def runs(self) -> bool:
+        return self.outcome is None and self.leader is None
+
+
+@attrs.frozen
+class Plan:
+    """The whole batch: every call in order, and the groups pass 2 runs (indices)."""
+
+    calls: tuple[PlannedCall, ...]
+    groups: tuple[tuple[int, ...], ...]
+
+
+def _nearest(name: str, names: Iterable[str], n: int = 3) -> list[str]:
+    return difflib.get_close_matches(name, list(names), n=n, cutoff=0.5)
+
+
+def _clean_name(name: str) -> str:
+    name = name.strip()
+    cut = name.find("<|")
+    return name[:cut].strip() if cut >= 0 else name
+
+
+def _evaluate(flag: bool | Callable[[Mapping[str, Any]], Any], args: Mapping[str, Any]) -> bool:
+    return flag if isinstance(flag, bool) else bool(flag(args))
+
+
+def _resources(fn: Callable[[Mapping[str, Any]], Any] | None, args: Mapping[str, Any]) -> frozenset[str]:
+    if fn is None:
+        return frozenset()
+    value = fn(args)
+    if not value:
+        return frozenset()
+    if isinstance(value, str):
+        return frozenset((value,))
+    return frozenset(str(v) for v in value)
+
+
+def _schema_errors(entry: RegisteredTool, args: Mapping[str, Any]) -> list[str]:
+    errors = []
+    for err in sorted(entry.validator.iter_errors(args), key=lambda e: list(e.absolute_path)):
+        path = "$" + "".join(f"[{p!r}]" if isinstance(p, str) else f"[{p}]" for p in err.absolute_path)
+        errors.append(f"{path}: {err.message}")
+    return errors
+
+
+class Planner:
+    """Pass 1 for one batch. Construct, then call the steps in order (the session does)."""
+
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        core: Registry,
+        state: PlannerState,
+        cache: ResultCache | None,
+        session_id: str,
+        mode: str,
+        all_loaded: bool,
+        max_argument_bytes: int,
+        max_output_bytes: int,
+    ) -> None:
+        self._registry = registry
+        self._core = core
+        self._state = state
+        self._cache = cache
+        self._session_id = session_id
+        self._mode = mode
+        self._all_loaded = all_loaded
+        self._max_args = max_argument_bytes
+        self._max_out = max_output_bytes
+
+    # -- palette ---------------------------------------------------------------
+
+    def lookup(self, name: str) -> RegisteredTool | None:
+        return self._core.registered(name) or self._registry.registered(name)
+
+    def palette(self) -> tuple[str, ...]:
+        names = dict.fromkeys(self._core.names())
+        names.update(dict.fromkeys(self._registry.names()))
+        return tuple(names)
+
+    def _fail(self, d: Draft, status: Status, error: str, **kw: Any) -> None:
+        d.decide(failure_result(d.call_id, d.name, status, error, limit=self._max_out, **kw))
+
+    # -- 1. parse, 2. unwrap run_tool --------------------------------------------
+
+    def parse(self, items: Sequence[Any]) -> list[Draft]:
+        return [self._parse_one(i, item) for i, item in enumerate(items)]
+
+    def _parse_one(self, index: int, item: Any) -> Draft:
+        try:
+            call = ToolCall.parse(item)
+        except (TypeError, ValueError) as exc:
+            call_id = str(item.get("id", f"call_{index}")) if isinstance(item, Mapping) else f"call_{index}"
+            d = Draft(index=index, call_id=call_id, name="", args=None)
+            self._fail(d, Status.invalid_arguments, f"unreadable tool call: {exc}")
+            return d
+        d = Draft(
+            index=index, call_id=call.id, name=_clean_name(call.name), args=None, raw_args=call.arguments
+        )
+        args = self._parse_arguments(d, call.arguments)
+        if args is None:
+            return d
+        d.args = args
+        if d.name == RUN_TOOL:
+            self._unwrap_run_tool(d, args)
+        return d
+
+    def _parse_arguments(self, d: Draft, raw: str | Mapping[str, Any] | None) -> dict[str, Any] | None:
+        if raw is None or raw == "":
+            return {}
+        if isinstance(raw, Mapping):
+            return dict(raw)
+        if not isinstance(raw, str):
+            self._fail(
+                d, Status.invalid_arguments, f"arguments must be a JSON object, got {type(raw).__name__}"
+            )
+            return None
+        if len(raw) > self._max_args:
+            self._fail(
+                d,
+                Status.invalid_arguments,
+                f"arguments are {len(raw)} characters, over the limit of {self._max_args} bytes",
+            )
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            self._fail(
+                d,
+                Status.invalid_arguments,
+                f"arguments are not valid JSON: {exc}",
+                hint="send the arguments as one JSON object",
+            )
+            return None
+        if not isinstance(value, dict):
+            self._fail(
+                d,
+                Status.invalid_arguments,
+                f"arguments must be a JSON object, got {type(value).__name__}: {raw[:80]!r}",
+                hint="send the arguments as one JSON object",
+            )
+            return None
+        return value
+
+    def _unwrap_run_tool(self, d: Draft, args: dict[str, Any]) -> None:
+        target = args.get("name", args.get("tool_name", args.get("tool")))
+        inner = args.get("args", args.get("arguments", args.get("input", {})))
+        if not isinstance(target, str) or not target.strip():
+            self._fail(
+                d,
+                Status.invalid_arguments,
+                f"run_tool needs the tool's name as a string in 'name', got {target!r}",
+                hint='call run_tool(name="<tool>", args={...})',
+            )
+            return
+        target = _clean_name(target)
+        if target == RUN_TOOL:
+            self._fail(d, Status.invalid_arguments, "run_tool cannot run run_tool")
+            return
+        d.name = target
+        d.via_run_tool = True
+        parsed = self._parse_arguments(d, inner)
+        d.args = parsed
+
+    # -- 3. rewriters (the session awaits them; this applies one return) -----------
+
+    def apply_rewrite(self, d: Draft, tool_name: str, args: dict[str, Any]) -> None:
+        d.name = tool_name
+        d.args = args
+
+    # -- 4..7: existence, deferred schemas, dedupe and cache, validation -----------
+
+    def resolve(self, drafts: list[Draft]) -> None:
+        leaders: dict[str, Draft] = {}
+        pending_writes: list[str] = []
+        for d in drafts:
+            if d.step != "parsed":
+                continue
+            entry = self._resolve_tool(d)
+            if entry is None:
+                continue
+            d.entry = entry
+            if not self._key(d, entry):
+                continue
+            d.advance("resolved")
+            if not d.writes:
+                leader = None if d.force else leaders.get(d.key or "")
+                if leader is not None:
+                    d.leader = leader.index
+                    d.advance("following")
+                    continue
+                if not d.force and self._lookup_earlier(d, pending_writes):
+                    continue
+                leaders[d.key or ""] = d
+            else:
+                pending_writes.extend(d.writes)
+                for k in [k for k, ld in leaders.items() if resources_overlap(ld.reads, d.writes)]:
+                    del leaders[k]
+            if not self._validate(d, entry):
+                continue
+            try:
+                d.confirm = _evaluate(entry.tool.confirm, d.args or {})
+            except Exception as exc:
+                self._fail(
+                    d, Status.invalid_arguments, f"{d.name}.confirm could not judge these arguments: {exc!r}"
+                )
+
+    def _resolve_tool(self, d: Draft) -> RegisteredTool | None:
+        entry = self.lookup(d.name)
+        if entry is None:
+            near = _nearest(d.name, self.palette())
+            hint = (
+                f"did you mean {', '.join(near)}?"
+                if near
+                else f'call {FIND_TOOLS}(query="...") to find a tool by what it does'
+            )
+            self._fail(d, Status.rejected, f"Tool not found: {d.name}", hint=hint)
+            return None
+        tool = entry.tool
+        if tool.deferred and not self._all_loaded and d.name not in self._state.loaded:
+            if self._mode == "deferred" and not d.via_run_tool:
+                self._fail(
+                    d,
+                    Status.rejected,
+                    f"{d.name} is not loaded: its schema must be fetched first",
+                    hint=(
+                        f'call {FIND_TOOLS}(query="select:{d.name}"), '
+                        f'then {RUN_TOOL}(name="{d.name}", args={{...}})'
+                    ),
+                )
+            else:
+                how = (
+                    f'{RUN_TOOL}(name="{d.name}", args={{...}})' if self._mode == "deferred" else f"{d.name}"
+                )
+                self._fail(
+                    d,
+                    Status.schema_required,
+                    f"{d.name} was called before its schema was fetched; the schema follows, "
+                    "call it again with arguments that match",
+                    detail="schema: " + entry.schema_json,
+                    hint=f"call {how} again with arguments that match the schema",
+                )
+            return None
+        return entry
+
+    def _key(self, d: Draft, entry: RegisteredTool) -> bool:
+        """Fill defaults, take `force` out, canonicalise, measure, key, evaluate the seams."""
+        args = d.args if d.args is not None else {}
+        tool = entry.tool
+        if entry.defaults:
+            args = {**entry.defaults, **args}
+        if (
+            tool.cache is not None
+            and FORCE in args
+            and FORCE not in entry.validator.schema.get("properties", {})
+        ):
+            args = dict(args)
+            d.force = bool(args.pop(FORCE))
+        d.args = args
+        try:
+            canonical = canonical_json(args)
+        except (TypeError, ValueError) as exc:
+            self._fail(d, Status.invalid_arguments, f"arguments are not JSON-serialisable: {exc}")
+            return False
+        size = len(canonical) if canonical.isascii() else len(canonical.encode("utf-8"))
+        if size > self._max_args:
+            self._fail(
+                d, Status.invalid_arguments, f"arguments are {size} bytes, over the limit of {self._max_args}"
+            )
+            return False
+        d.key = call_key(d.name, canonical)
+        try:
+            self._evaluate_seams(d, entry, args)
+        except Exception as exc:
+            # a seam that cannot read these arguments usually means they are wrong: say so
+            if self._validate(d, entry):
+                self._fail(d, Status.invalid_arguments, f"{d.name} could not judge these arguments: {exc!r}")
+            return False
+        return True
+
+    def _evaluate_seams(self, d: Draft, entry: RegisteredTool, args: Mapping[str, Any]) -> None:
+        tool = entry.tool
+        d.reads = _resources(tool.reads, args)
+        d.writes = _resources(tool.writes, args)
+        d.concurrent = _evaluate(tool.concurrent, args)
+        policy = tool.cache
+        d.cacheable = bool(
+            policy is not None
+            and self._cache is not None
+            and not d.writes
+            and (policy.when is None or policy.when(args))
+            and not carries_credentials(args)
+        )
+        if d.cacheable and policy is not None and d.key is not None:
+            d.cache_key = (
+                d.key
+                if policy.scope == "shared"
+                else xxhash.xxh3_128_hexdigest(f"{d.key}\x00{self._session_id}".encode())
+            )
+
+    def _lookup_earlier(self, d: Draft, pending_writes: list[str]) -> bool:
+        """A success earlier in this run, or in the result cache -> decided, nothing runs."""
+        found = self._state.dedupe.get(d.key or "")
+        if found is not None and not (pending_writes and resources_overlap(found.reads, pending_writes)):
+            d.decide(attrs.evolve(found.result, call_id=d.call_id, deduped=True, started=None, duration=0.0))
+            return True
+        if d.cache_key is not None and self._cache is not None:
+            hit = self._cache.get(d.cache_key)
+            if hit is not None and not (pending_writes and resources_overlap(hit.reads, pending_writes)):
+                d.decide(
+                    ToolResult(
+                        call_id=d.call_id, name=d.name, status=Status.ok, content=hit.content, cached=True
+                    )
+                )
+                return True
+        return False
+
+    def _validate(self, d: Draft, entry: RegisteredTool) -> bool:
+        args = d.args or {}
+        if entry.validator.is_valid(args):
+            return True
+        errors = _schema_errors(entry, args)
+        required = entry.tool.parameters.get("required", [])
+        self._fail(
+            d,
+            Status.invalid_arguments,
+            f"arguments do not match the schema of {d.name}: " + "; ".join(errors),
+            detail=f"required: {', '.join(required)}" if required else None,
+            hint=f"call {d.name} again with arguments that match its schema: {entry.schema_json}",
+        )
+        return False
+
+    # -- 8. the confirm gate -------------------------------------------------------
+
+    def gated(self, drafts: Sequence[Draft]) -> list[Draft]:
+        """The calls a gate must answer, in call order."""
+        return [d for d in drafts if d.step == "resolved" and d.confirm]
+
+    def take_decision(self, d: Draft, decisions: Mapping[str, Any] | None) -> Allow | Deny | None:
+        """A caller's decision for this call, if any (an Allow already spent does not count)."""
+        if not decisions:
+            return None
+        decision = decisions.get(d.call_id)
+        if isinstance(decision, Deny):
+            return decision
+        if isinstance(decision, Allow) and d.call_id not in self._state.spent_approvals:
+            d.spent_approval = True
+            return decision
+        return None
+
+    def deny(self, d: Draft, reason: str) -> None:
+        self._fail(d, Status.denied, f"denied: {reason}")
+
+    def allow(self, d: Draft, decision: Allow) -> None:
+        if decision.args is None:
+            return
+        # arguments a gate changed are validated and keyed anew; no dedupe lookup for them
+        entry = d.entry
+        assert entry is not None
+        d.args = dict(decision.args)
+        d.force = False
+        if self._key(d, entry):
+            self._validate(d, entry)
+
+    # -- finish: freeze the plan and group the runnable calls ------------------------
+
+    def finish(self, drafts: Sequence[Draft]) -> Plan:
+        calls: list[PlannedCall] = []
+        for d in drafts:
+            if d.step == "resolved":
+                d.advance("approved")
+            d.advance("planned")
+            calls.append(
+                PlannedCall(
+                    index=d.index,
+                    call=d.resolved_call(),
+                    tool=d.entry,
+                    outcome=d.outcome,
+                    leader=d.leader,
+                    key=d.key,
+                    reads=d.reads,
+                    writes=d.writes,
+                    concurrent=d.concurrent,
+                    cache_key=d.cache_key if d.cacheable else None,
+                    cacheable=d.cacheable,
+                    spent_approval=d.spent_approval,
+                    loads_schema=d.outcome is not None and d.outcome.status is Status.schema_required,
+                )
+            )
+        return Plan(calls=tuple(calls), groups=group_calls(calls))
+
+
+def group_calls(calls: Sequence[PlannedCall]) -> tuple[tuple[int, ...], ...]:
+    """Program order with barriers: consecutive concurrent calls run together, a call without
+    the tag runs alone. A concurrent call that touches what an earlier call of its group
+    writes, or writes what one of them reads, starts a new group."""
+    groups: list[tuple[int, ...]] = []
+    current: list[int] = []
+    group_reads: list[str] = []
+    group_writes: list[str] = []
+    for c in calls:
+        if not c.runs:
+            continue
+        if not c.concurrent:
+            if current:
+                groups.append(tuple(current))
+                current, group_reads, group_writes = [], [], []
+            groups.append((c.index,))
+            continue
+        clash = bool(group_writes) and resources_overlap(c.reads | c.writes, group_writes)
+        clash = clash or (bool(c.writes) and resources_overlap(c.writes, group_reads))
+        if clash and current:
+            groups.append(tuple(current))
+            current, group_reads, group_writes = [], [], []
+        current.append(c.index)
+        group_reads.extend(c.reads)
+        group_writes.extend(c.writes)
+    if current:
+        groups.append(tuple(current))
+    return tuple(groups)

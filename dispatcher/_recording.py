@@ -1,0 +1,289 @@
+"""Recording a session to JSONL, and replaying it offline through the same three passes.
+
+A recording is a header line (format version, registry fingerprint, caller's metadata)
+then one line per committed batch: the calls as given, the gate decisions, how pass 1
+decided each call, and the results. Each line is written whole with one `write`, so a
+crash can at worst leave a truncated last line; replay reports it and replays the rest.
+
+Replay runs no tool: pass 2's runner serves the recorded result of each call that runs,
+the gate answers with the recorded decision, and the first place where the passes
+decide otherwise than the recording says is reported as a `Divergence`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ._exceptions import DispatchInterrupted, HookBlocked
+from ._plan import Plan, PlannedCall
+from ._registry import Registry
+from ._types import Allow, Decision, Deny, Interrupt, ToolCall, ToolContext, ToolResult
+
+if TYPE_CHECKING:
+    from ._dispatcher import Dispatcher
+
+__all__ = ["FORMAT_VERSION", "Divergence", "Recorder", "ReplayReport", "read_recording", "replay"]
+
+FORMAT_VERSION = 1
+
+
+def _call_json(item: Any) -> dict[str, Any]:
+    try:
+        call = ToolCall.parse(item)
+    except (TypeError, ValueError):
+        return {"unreadable": repr(item)}
+    args = call.arguments if isinstance(call.arguments, str) else dict(call.arguments)
+    return {"id": call.id, "name": call.name, "arguments": args}
+
+
+def _how(planned: PlannedCall, result: ToolResult | None) -> str:
+    if planned.leader is not None:
+        return "follow"
+    if planned.outcome is not None:
+        if planned.outcome.deduped:
+            return "deduped"
+        if planned.outcome.cached:
+            return "ran"  # a cache hit then is a run now, when the cache may be empty
+        return planned.outcome.status.value
+    return "ran" if result is not None else "unfinished"
+
+
+def _decision_json(decision: Decision) -> dict[str, Any]:
+    if isinstance(decision, Allow):
+        return {"allow": None if decision.args is None else dict(decision.args)}
+    if isinstance(decision, Deny):
+        return {"deny": decision.reason}
+    return {"interrupt": decision.reason}
+
+
+class Recorder:
+    """Appends a session's batches to a JSONL file."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        registry: Registry,
+        session_id: str,
+        mode: str,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.path = path
+        self._header = {
+            "type": "header",
+            "format": FORMAT_VERSION,
+            "fingerprint": registry.fingerprint(),
+            "session": session_id,
+            "mode": mode,
+            "meta": dict(meta or {}),
+        }
+        self._started = path.exists() and path.stat().st_size > 0
+
+    def set_meta(self, **meta: Any) -> None:
+        self._header["meta"].update(meta)  # type: ignore[attr-defined]
+
+    def _append(self, record: Mapping[str, Any]) -> None:
+        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
+        if not self._started:
+            line = json.dumps(self._header, ensure_ascii=False) + "\n" + line
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+        self._started = True
+
+    def record_batch(
+        self,
+        *,
+        run_id: int,
+        round: int,
+        calls: Sequence[Any],
+        plan: Plan,
+        results: Sequence[ToolResult | None],
+        decisions: Mapping[str, Decision],
+        control: BaseException | None,
+    ) -> None:
+        self._append(
+            {
+                "type": "batch",
+                "run": run_id,
+                "round": round,
+                "calls": [_call_json(c) for c in calls],
+                "decisions": {k: _decision_json(v) for k, v in decisions.items()},
+                "plan": [
+                    {"name": p.call.name, "key": p.key, "how": _how(p, r)}
+                    for p, r in zip(plan.calls, results, strict=True)
+                ],
+                "results": [None if r is None else r.to_json() for r in results],
+                "control": None if control is None else type(control).__name__,
+            }
+        )
+
+
+@attrs.frozen
+class Divergence:
+    """Where replay first decided otherwise than the recording."""
+
+    batch: int
+    index: int
+    call_id: str
+    expected: str
+    got: str
+
+    def __str__(self) -> str:
+        where = f"batch {self.batch}, call {self.index} ({self.call_id})"
+        return f"{where}: expected {self.expected}, got {self.got}"
+
+
+@attrs.frozen
+class ReplayReport:
+    batches: int
+    calls: int
+    divergence: Divergence | None
+    truncated: bool
+    fingerprint_matches: bool
+    header: Mapping[str, Any]
+    problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None and self.problem is None
+
+
+def read_recording(
+    path: str | os.PathLike[str],
+) -> tuple[dict[str, Any], list[dict[str, Any]], bool, str | None]:
+    """(header, batches, truncated, problem). A last line cut short is `truncated`; a bad
+    line elsewhere stops reading there and is named in `problem`."""
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    ends_cleanly = text.endswith("\n")
+    if ends_cleanly:
+        lines = lines[:-1]
+    records: list[dict[str, Any]] = []
+    truncated = False
+    problem = None
+    for number, line in enumerate(lines, 1):
+        last = number == len(lines)
+        try:
+            value = json.loads(line)
+            if not isinstance(value, dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            if last and not ends_cleanly:
+                truncated = True
+            else:
+                problem = f"line {number} is not a JSON record: {exc}"
+            break
+        records.append(value)
+    if not records or records[0].get("type") != "header":
+        return {}, [], truncated, problem or f"{path} has no recording header"
+    header = records[0]
+    if header.get("format") != FORMAT_VERSION:
+        return header, [], truncated, f"recording format {header.get('format')!r}, expected {FORMAT_VERSION}"
+    return header, [r for r in records[1:] if r.get("type") == "batch"], truncated, problem
+
+
+class _DivergenceSignal(HookBlocked):
+    """Travels through pass 2 as run control (an ordinary exception would become a
+    `failed` result) and is unwrapped by `replay`."""
+
+    def __init__(self, divergence: Divergence) -> None:
+        super().__init__(str(divergence))
+        self.divergence = divergence
+
+
+@attrs.frozen
+class _BatchServer:
+    """Pass 2's runner during replay: the recorded result of a call that ran then."""
+
+    number: int
+    plan_rows: Sequence[Mapping[str, Any]]
+    recorded: Sequence[Mapping[str, Any] | None]
+
+    async def __call__(self, planned: PlannedCall, ctx: ToolContext) -> ToolResult:
+        i = planned.index
+        row = self.plan_rows[i] if i < len(self.plan_rows) else None
+        want = self.recorded[i] if i < len(self.recorded) else None
+        if row is None or row["how"] != "ran" or want is None:
+            got = "the call ran"
+            raise _DivergenceSignal(Divergence(self.number, i, planned.call.id, f"{row and row['how']}", got))
+        if row["name"] != planned.call.name or row["key"] != planned.key:
+            expected = f"{row['name']} with key {row['key']}"
+            got = f"{planned.call.name} with key {planned.key}"
+            raise _DivergenceSignal(Divergence(self.number, i, planned.call.id, expected, got))
+        return ToolResult.from_json(want)
+
+
+def _same(expected: Mapping[str, Any], got: ToolResult) -> str | None:
+    """What differs between a recorded result and a replayed one (None: the same)."""
+    if expected["status"] != got.status.value:
+        return f"status {got.status.value}"
+    if expected["content"] != got.content:
+        return f"content {got.content[:120]!r}"
+    if bool(expected.get("deduped")) != got.deduped:
+        return f"deduped={got.deduped}"
+    return None
+
+
+async def replay(
+    path: str | os.PathLike[str],
+    dispatcher: Dispatcher,
+) -> ReplayReport:
+    """Replay the recording at `path` through `dispatcher`'s passes without running any tool."""
+    header, batches, truncated, problem = read_recording(path)
+    fingerprint_ok = header.get("fingerprint") == dispatcher.registry.fingerprint()
+    session = dispatcher.session(f"replay:{header.get('session', '')}", mode=header.get("mode", "deferred"))
+    calls_seen = 0
+    last_run = None
+    for number, batch in enumerate(batches, 1):
+        if last_run is not None and batch["run"] != last_run:
+            session.new_run()
+        last_run = batch["run"]
+        recorded = batch["results"]
+        plan_rows = batch["plan"]
+        decisions = batch.get("decisions", {})
+
+        serve = _BatchServer(number, plan_rows, recorded)
+
+        def gate(call: ToolCall, ctx: ToolContext, *, _d: Mapping[str, Any] = decisions) -> Decision:
+            found = _d.get(call.id)
+            if found is None:
+                return Interrupt("replay: the recording holds no decision for this call", None)
+            if "deny" in found:
+                return Deny(found["deny"])
+            if "interrupt" in found:
+                return Interrupt(found["interrupt"], None)
+            return Allow(found.get("allow"))
+
+        calls = [c.get("unreadable", c) for c in batch["calls"]]
+        try:
+            results = await session._dispatch(
+                calls, decisions=None, all_loaded=False, runner=serve, gate=gate
+            )
+        except _DivergenceSignal as signal:
+            return ReplayReport(
+                number, calls_seen, signal.divergence, truncated, fingerprint_ok, header, problem
+            )
+        except (HookBlocked, DispatchInterrupted) as exc:
+            if batch.get("control") == type(exc).__name__:
+                calls_seen += len(calls)
+                continue
+            div = Divergence(number, -1, "", f"control {batch.get('control')}", type(exc).__name__)
+            return ReplayReport(number, calls_seen, div, truncated, fingerprint_ok, header, problem)
+        for i, (want, got) in enumerate(zip(recorded, results, strict=False)):
+            if want is None:
+                continue
+            differs = _same(want, got)
+            if differs is not None:
+                div = Divergence(
+                    number, i, got.call_id, f"{want['status']} {want['content'][:120]!r}", differs
+                )
+                return ReplayReport(number, calls_seen + i, div, truncated, fingerprint_ok, header, problem)
+        calls_seen += len(results)
+    return ReplayReport(len(batches), calls_seen, None, truncated, fingerprint_ok, header, problem)

@@ -1,0 +1,372 @@
+"""`Session`: one conversation's state, and `dispatch`, which drives the three passes.
+
+The session owns what pass 1 reads and pass 3 writes (loaded schemas, the run's dedupe
+map, spent approvals, histories) and does the awaiting pass 1 cannot: rewriters and
+gates. Pass 2 is the executor's. Events and the recording are written after commit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ._commit import commit
+from ._exceptions import DispatchInterrupted
+from ._execute import Executor, ToolRunner, _maybe_await
+from ._plan import FIND_TOOLS, RUN_TOOL, Draft, Planner, PlannerState
+from ._providers import tool_entry
+from ._registry import Tool
+from ._types import (
+    Allow,
+    Decision,
+    Deny,
+    HistoryEntry,
+    Interrupt,
+    Provider,
+    ToolCall,
+    ToolCallDispatchEvent,
+    ToolContext,
+    ToolResult,
+    ToolResultEvent,
+)
+
+if TYPE_CHECKING:
+    from ._dispatcher import Dispatcher
+    from ._recording import Recorder
+
+__all__ = ["Session", "SessionStatistics"]
+
+log = logging.getLogger("threepass.session")
+
+Subscriber = Callable[[ToolResultEvent], Any]
+
+
+@attrs.frozen
+class SessionStatistics:
+    runs: int
+    rounds: int
+    calls: int
+    executed: int
+    deduped: int
+    cached: int
+    by_status: Mapping[str, int]
+    loaded: tuple[str, ...]
+
+
+class Session:
+    """One conversation. Create with `Dispatcher.session(...)`."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        session_id: str,
+        *,
+        mode: str = "deferred",
+        core: Iterable[str] = (),
+        recorder: Recorder | None = None,
+    ) -> None:
+        if mode not in ("deferred", "direct"):
+            raise ValueError(f"mode must be 'deferred' or 'direct', got {mode!r}")
+        self.dispatcher = dispatcher
+        self.id = session_id
+        self.mode = mode
+        self.state: dict[str, Any] = {}
+        self.history: list[HistoryEntry] = []
+        self._tool_history: dict[str, list[HistoryEntry]] = {}
+        self._planner_state = PlannerState()
+        self._subscribers: list[Subscriber] = []
+        self._run_id = 0
+        self._round = 0
+        self._rounds_total = 0
+        self._deadline: float | None = None
+        self._extra_core = tuple(core)
+        self.recorder = recorder
+        self._executed = 0
+        self._ids = itertools.count(1)
+        self.new_run()
+
+    # -- runs and schemas ------------------------------------------------------------
+
+    def new_run(self, deadline: float | None = None) -> None:
+        """Start the next user turn: dedupe starts empty; `deadline` is in trio time."""
+        self._run_id += 1
+        self._round = 0
+        self._deadline = deadline
+        self._planner_state.dedupe.clear()
+
+    @property
+    def run_id(self) -> int:
+        return self._run_id
+
+    @property
+    def deadline(self) -> float | None:
+        return self._deadline
+
+    def load_tools(self, names: Iterable[str]) -> list[str]:
+        """Mark tools as loaded (their schema is known to the model); return the known ones."""
+        known = [n for n in names if n in self.dispatcher.registry]
+        self._planner_state.loaded.update(known)
+        return known
+
+    def is_loaded(self, name: str) -> bool:
+        tool = self.dispatcher.registry.registered(name)
+        return tool is not None and (not tool.tool.deferred or name in self._planner_state.loaded)
+
+    def searchable_tools(self) -> list[Tool]:
+        """What `find_tools` searches: every registered tool."""
+        return list(self.dispatcher.registry)
+
+    def core_names(self) -> list[str]:
+        """The tools whose full schemas go in every request of mode `deferred`."""
+        names = [FIND_TOOLS, RUN_TOOL]
+        names += [t.name for t in self.dispatcher.registry if not t.deferred and t.name not in names]
+        names += [n for n in self._extra_core if n in self.dispatcher.registry and n not in names]
+        return names
+
+    def tool_index(self) -> str:
+        """The one-line index of the tools not in the request (mode `deferred`)."""
+        core = set(self.core_names())
+        others = [t.name for t in self.dispatcher.registry if t.name not in core]
+        if not others:
+            return ""
+        return f"More tools (fetch a schema with {FIND_TOOLS}, call with {RUN_TOOL}): " + ", ".join(others)
+
+    def request_tools(self, provider: Provider = "openai") -> list[dict[str, Any]]:
+        """The tools array for the next request to `provider`."""
+        d = self.dispatcher
+        core = d.core_registry
+        entries: list[dict[str, Any]] = []
+        if self.mode == "deferred":
+            for name in self.core_names():
+                tool = core.get(name) if name in core else d.registry.get(name)
+                description = tool.description
+                if name == RUN_TOOL and (index := self.tool_index()):
+                    description = f"{description} {index}"
+                entries.append(tool_entry(tool, provider, description=description))
+            return entries
+        entries.append(tool_entry(core.get(FIND_TOOLS), provider))
+        for tool in d.registry:
+            if tool.name in (FIND_TOOLS, RUN_TOOL):
+                continue
+            entries.append(tool_entry(tool, provider, stub=tool.deferred and not self.is_loaded(tool.name)))
+        return entries
+
+    # -- events and history ------------------------------------------------------------
+
+    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
+        """Call `fn(event)` (sync or async) for every committed result; returns an unsubscribe."""
+        self._subscribers.append(fn)
+        return lambda: self._subscribers.remove(fn)
+
+    def tool_history(self, name: str) -> list[HistoryEntry]:
+        return list(self._tool_history.get(name, ()))
+
+    def statistics(self) -> SessionStatistics:
+        by_status: dict[str, int] = {}
+        for h in self.history:
+            by_status[h.status.value] = by_status.get(h.status.value, 0) + 1
+        return SessionStatistics(
+            runs=self._run_id,
+            rounds=self._rounds_total,
+            calls=len(self.history),
+            executed=self._executed,
+            deduped=sum(h.deduped for h in self.history),
+            cached=sum(h.cached for h in self.history),
+            by_status=by_status,
+            loaded=tuple(sorted(self._planner_state.loaded)),
+        )
+
+    # -- dispatch ------------------------------------------------------------------------
+
+    async def dispatch(
+        self,
+        calls: Sequence[Any],
+        *,
+        decisions: Mapping[str, Allow | Deny] | None = None,
+    ) -> list[ToolResult]:
+        """Run one batch: one result per call, in call order, ids preserved."""
+        return await self._dispatch(calls, decisions=decisions, all_loaded=False)
+
+    def _context(self, call_id: str, name: str) -> ToolContext:
+        return ToolContext(
+            call_id=call_id,
+            tool_name=name,
+            session=self,
+            run_id=self._run_id,
+            round=self._round,
+            deadline=self._deadline,
+        )
+
+    async def _dispatch(
+        self,
+        calls: Sequence[Any],
+        *,
+        decisions: Mapping[str, Allow | Deny] | None,
+        all_loaded: bool,
+        runner: ToolRunner | None = None,
+        gate: Callable[..., Any] | None = None,
+    ) -> list[ToolResult]:
+        d = self.dispatcher
+        self._round += 1
+        self._rounds_total += 1
+        planner = Planner(
+            registry=d.registry,
+            core=d.core_registry,
+            state=self._planner_state,
+            cache=d.cache,
+            session_id=self.id,
+            mode=self.mode,
+            all_loaded=all_loaded,
+            max_argument_bytes=d.max_argument_bytes,
+            max_output_bytes=d.max_output_bytes,
+        )
+        drafts = planner.parse(list(calls))
+        if d.rewriters:
+            await self._rewrite(planner, drafts)
+        planner.resolve(drafts)
+        gate_decisions = await self._gate(planner, drafts, decisions, gate or d.gate)
+        plan = planner.finish(drafts)
+        executor = Executor(
+            limiter=d.limiter,
+            default_timeout=d.timeout,
+            deadline=self._deadline,
+            hooks=d.hook_set,
+            make_context=lambda p: self._context(p.call.id, p.call.name),
+            max_output_bytes=d.max_output_bytes,
+            runner=runner,
+        )
+        want_events = bool(self._subscribers or d.on_result is not None)
+        try:
+            await executor.run(plan)
+        finally:
+            outcome = commit(
+                plan,
+                executor.results,
+                state=self._planner_state,
+                cache=d.cache,
+                history=self.history,
+                tool_history=self._tool_history,
+                cache_ttls=d.cache_ttls,
+                run_id=self._run_id,
+                round=self._round,
+                session_id=self.id,
+                want_events=want_events,
+            )
+            self._executed += len(executor.results)
+            if self.recorder is not None:
+                self.recorder.record_batch(
+                    run_id=self._run_id,
+                    round=self._round,
+                    calls=calls,
+                    plan=plan,
+                    results=outcome.results,
+                    decisions=gate_decisions,
+                    control=executor.control.first(),
+                )
+        if want_events:
+            await self._deliver(outcome.events)
+        control = executor.control.first()
+        if control is not None:
+            raise control
+        results = [r for r in outcome.results if r is not None]
+        if len(results) != len(plan.calls):  # pragma: no cover - a broken invariant, never papered over
+            raise RuntimeError(f"{len(plan.calls)} calls produced {len(results)} results")
+        return results
+
+    async def _rewrite(self, planner: Planner, drafts: list[Draft]) -> None:
+        """Symfonic's chain: registration order, None passes, a malformed return or a raise is
+        dropped with a warning, a target outside the palette drops the rewrite, call ids stay."""
+        palette = planner.palette()
+        for draft in drafts:
+            if draft.step != "parsed" or draft.args is None:
+                continue
+            name, args = draft.name, draft.args
+            for fn in self.dispatcher.rewriters:
+                event = ToolCallDispatchEvent(
+                    session_id=self.id,
+                    run_id=self._run_id,
+                    round=self._round,
+                    call_id=draft.call_id,
+                    tool_name=name,
+                    args=args,
+                    available_tools=palette,
+                )
+                try:
+                    ret = await _maybe_await(fn(event, self.state))
+                except Exception:
+                    log.warning("rewriter %r raised on call %s; skipped", fn, draft.call_id, exc_info=True)
+                    continue
+                if ret is None:
+                    continue
+                if not isinstance(ret, Mapping) or "tool_name" not in ret or "args" not in ret:
+                    log.warning("rewriter %r returned %r, not {'tool_name', 'args'}; dropped", fn, ret)
+                    continue
+                if not isinstance(ret["tool_name"], str) or not isinstance(ret["args"], Mapping):
+                    log.warning(
+                        "rewriter %r returned tool_name/args of the wrong types: %r; dropped", fn, ret
+                    )
+                    continue
+                if "call_id" in ret:
+                    log.warning("rewriter %r tried to change call_id of %s; call_id kept", fn, draft.call_id)
+                name, args = ret["tool_name"], dict(ret["args"])
+            if (name, args) == (draft.name, draft.args):
+                continue
+            if name not in palette:
+                log.warning(
+                    "rewrite of call %s to %r dropped: not a tool of this session", draft.call_id, name
+                )
+                continue
+            planner.apply_rewrite(draft, name, args)
+
+    async def _gate(
+        self,
+        planner: Planner,
+        drafts: list[Draft],
+        decisions: Mapping[str, Allow | Deny] | None,
+        gate: Callable[..., Any] | None,
+    ) -> dict[str, Decision]:
+        """Every gate answered, in call order, before anything runs; then the first Interrupt raises."""
+        pending: list[tuple[ToolCall, str, Any]] = []
+        taken: dict[str, Decision] = {}
+        for draft in planner.gated(drafts):
+            decision: Any = planner.take_decision(draft, decisions)
+            if decision is None:
+                if gate is None:
+                    continue
+                call = draft.resolved_call()
+                try:
+                    decision = await _maybe_await(gate(call, self._context(call.id, call.name)))
+                except Exception as exc:
+                    log.warning("gate raised on call %s; the call is denied", call.id, exc_info=True)
+                    decision = Deny(f"the gate failed: {type(exc).__name__}: {exc}")
+            taken[draft.call_id] = decision
+            if isinstance(decision, Deny):
+                planner.deny(draft, decision.reason)
+            elif isinstance(decision, Allow):
+                planner.allow(draft, decision)
+            elif isinstance(decision, Interrupt):
+                pending.append((draft.resolved_call(), decision.reason, decision.payload))
+            else:
+                log.warning("gate returned %r, not Allow, Deny or Interrupt; the call is denied", decision)
+                planner.deny(draft, f"the gate returned {decision!r}")
+        if pending:
+            raise DispatchInterrupted(pending)
+        return taken
+
+    async def _deliver(self, events: Sequence[ToolResultEvent]) -> None:
+        targets = list(self._subscribers)
+        if self.dispatcher.on_result is not None:
+            targets.append(self.dispatcher.on_result)
+        for event in events:
+            for fn in targets:
+                try:
+                    await _maybe_await(fn(event))
+                except Exception:
+                    log.warning("event subscriber %r raised; ignored", fn, exc_info=True)
+
+    def next_call_id(self) -> str:
+        return f"invoke_{self.id}_{next(self._ids)}"
