@@ -1,9 +1,11 @@
 """Pass 2, execute: the only pass that runs tools, and the only one that uses trio.
 
-Groups run in program order; the calls of a concurrent group are pulled by a few
-worker tasks, as many as the limiter could admit at once, rather than one task per
-call: the limiter still bounds every call, and a batch of a hundred costs three
-tasks, not a hundred. A free limiter slot is taken without a scheduler round trip.
+Groups run in program order; the calls of a concurrent group are pulled by worker
+tasks rather than one task per call. A group starts with one worker, and a spawner
+adds another (up to what the limiter admits) each time the running workers let go of
+the loop while calls still wait: a hundred calls that never block cost two tasks,
+a hundred that sleep fan out to the limit. The limiter still bounds every call, and
+a free slot is taken without a scheduler round trip.
 
 Ordinary failures become results here and never raise; run control (cancellation,
 `HookBlocked`, `DispatchInterrupted`) is collected per call and raised by the session
@@ -12,12 +14,13 @@ after what finished is committed.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -83,8 +86,30 @@ class _Abandonable:
     abandoned: bool = False
 
 
+@attrs.define(eq=False)
+class _Slot:
+    """One worker's bookkeeping: the call it is running and when that call must stop."""
+
+    watched: bool
+    scope: trio.CancelScope | None = None
+    running: PlannedCall | None = None
+    ctx: ToolContext | None = None
+    started: float = 0.0
+    t0: float = 0.0
+    timeout: float = 0.0
+    deadline: float = math.inf
+
+
 class Executor:
-    """Runs the groups of one plan. `results` is filled as calls finish (pass 3 reads it)."""
+    """Runs the groups of one plan. `results` is filled as calls finish (pass 3 reads it).
+
+    Timeouts: a lone call runs under its own `move_on_after`. In a concurrent group a
+    cancel scope per call would cost more than the rest of the call's overhead, so each
+    worker keeps one scope and one watchdog task per group sleeps until the earliest
+    running call's deadline and cancels just that worker. A call that starts at `s`
+    with timeout `T` is still cancelled at exactly `s + T`: the watchdog never sleeps
+    past `now + (the group's smallest timeout)`, and no call can start and end sooner.
+    """
 
     def __init__(
         self,
@@ -107,25 +132,108 @@ class Executor:
         self.results: dict[int, ToolResult] = {}
         self.control = RunControl()
 
+    def _timeout_of(self, planned: PlannedCall) -> float:
+        tool = planned.tool
+        return (tool.tool.timeout if tool is not None else None) or self._timeout
+
     async def run(self, plan: Plan) -> None:
         calls = plan.calls
         for group in plan.groups:
             if len(group) == 1:
-                await self._run_call(calls[group[0]])
+                await self._worker(collections.deque((calls[group[0]],)), _Slot(watched=False))
             else:
-                todo = iter([calls[i] for i in group])
-                workers = min(len(group), max(1, int(min(self._limiter.total_tokens, len(group)))))
-                async with trio.open_nursery() as nursery:
-                    for _ in range(workers):
-                        nursery.start_soon(self._worker, todo)
+                await self._run_group([calls[i] for i in group])
             if self.control:
                 return  # later groups do not start
 
-    async def _worker(self, todo: Iterator[PlannedCall]) -> None:
-        for planned in todo:
-            await self._run_call(planned)
+    async def _run_group(self, group: list[PlannedCall]) -> None:
+        most = max(1, int(min(len(group), self._limiter.total_tokens)))
+        todo = collections.deque(group)
+        slots: list[_Slot] = []
+        shortest = min(self._timeout_of(p) for p in group)
+        async with trio.open_nursery() as outer:
+            outer.start_soon(self._watchdog, slots, shortest)
+            async with trio.open_nursery() as nursery:
+                self._add_worker(nursery, todo, slots)
+                if most > 1:
+                    nursery.start_soon(self._spawner, nursery, todo, slots, most)
+            outer.cancel_scope.cancel()
 
-    async def _run_call(self, planned: PlannedCall) -> None:
+    def _add_worker(
+        self, nursery: trio.Nursery, todo: collections.deque[PlannedCall], slots: list[_Slot]
+    ) -> None:
+        slot = _Slot(watched=True)
+        slots.append(slot)
+        nursery.start_soon(self._worker, todo, slot)
+
+    async def _spawner(
+        self, nursery: trio.Nursery, todo: collections.deque[PlannedCall], slots: list[_Slot], most: int
+    ) -> None:
+        """Add a worker each time the running ones have let go of the loop while calls still
+        wait: calls that never block are all run by the first worker, calls that do block
+        fan out up to the limit."""
+        while todo and len(slots) < most:
+            await trio.lowlevel.checkpoint()
+            if todo:
+                self._add_worker(nursery, todo, slots)
+
+    async def _watchdog(self, slots: list[_Slot], shortest: float) -> None:
+        while True:
+            now = trio.current_time()
+            wake = now + shortest
+            for slot in slots:
+                if slot.deadline <= now:
+                    slot.deadline = math.inf
+                    assert slot.scope is not None
+                    slot.scope.cancel()
+                elif slot.deadline < wake:
+                    wake = slot.deadline
+            await trio.sleep_until(wake)
+
+    async def _worker(self, todo: collections.deque[PlannedCall], slot: _Slot) -> None:
+        while True:
+            with trio.CancelScope() as scope:
+                slot.scope = scope
+                while todo:
+                    await self._run_call(todo.popleft(), slot)
+                return
+            # only the watchdog cancels this scope: the running call timed out
+            timed_out = slot.running
+            if timed_out is not None and slot.ctx is not None:
+                slot.running = None
+                result = self._timed_out(timed_out, slot.timeout, slot.started, slot.t0)
+                await self._finish(timed_out, result, slot.ctx)
+
+    def _timed_out(self, planned: PlannedCall, timeout: float, started: float, t0: float) -> ToolResult:
+        call = planned.call
+        return failure_result(
+            call.id,
+            call.name,
+            Status.timed_out,
+            f"{call.name} ran past its timeout of {timeout:g} s",
+            effect_uncertain=bool(planned.writes),
+            started=started,
+            duration=time.monotonic() - t0,
+            limit=self._max_out,
+        )
+
+    async def _finish(self, planned: PlannedCall, result: ToolResult, ctx: ToolContext) -> None:
+        """Record the result, then run the after hooks; run control is collected, not raised."""
+        self.results[planned.index] = result
+        try:
+            for after in self._hooks.after:
+                await _maybe_await(after(planned.call, result, ctx))
+        except HookBlocked as exc:
+            self._block(planned, exc)
+        except DispatchInterrupted as exc:
+            self.control.interrupted[planned.index] = exc
+
+    def _block(self, planned: PlannedCall, exc: HookBlocked) -> None:
+        if exc.call_id is None:
+            exc.call_id = planned.call.id
+        self.control.blocked[planned.index] = exc
+
+    async def _run_call(self, planned: PlannedCall, slot: _Slot) -> None:
         index = planned.index
         call = planned.call
         if self._deadline is not None and trio.current_time() >= self._deadline:
@@ -141,23 +249,21 @@ class Executor:
         try:
             for before in self._hooks.before:
                 await _maybe_await(before(call, ctx))
-            result = await self._invoke(planned, ctx)
-            self.results[index] = result
-            for after in self._hooks.after:
-                await _maybe_await(after(call, result, ctx))
+            result = await self._invoke(planned, ctx, slot)
         except HookBlocked as exc:
-            if exc.call_id is None:
-                exc.call_id = call.id
-            self.control.blocked[index] = exc
+            self._block(planned, exc)
+            return
         except DispatchInterrupted as exc:
             self.control.interrupted[index] = exc
+            return
+        await self._finish(planned, result, ctx)
 
-    async def _invoke(self, planned: PlannedCall, ctx: ToolContext) -> ToolResult:
+    async def _invoke(self, planned: PlannedCall, ctx: ToolContext, slot: _Slot) -> ToolResult:
         """Run one call under its timeout and a limiter slot; ordinary failures become results."""
         call = planned.call
         tool = planned.tool
         assert tool is not None
-        timeout = tool.tool.timeout or self._timeout
+        timeout = self._timeout_of(planned)
         writes = bool(planned.writes)
         args: Mapping[str, Any] = call.arguments  # type: ignore[assignment]  # pass 1 made it a dict
         borrower = object()
@@ -170,26 +276,37 @@ class Executor:
         started = time.time()
         t0 = time.monotonic()
         try:
-            with trio.move_on_after(timeout) as scope:
+            if slot.watched:
+                slot.running, slot.ctx, slot.started, slot.t0, slot.timeout = (
+                    planned,
+                    ctx,
+                    started,
+                    t0,
+                    timeout,
+                )
+                slot.deadline = trio.current_time() + timeout
                 if self._runner is not None:
-                    return await self._runner(planned, ctx)
-                if tool.is_async:
+                    served = await self._runner(planned, ctx)
+                elif tool.is_async:
                     value = await tool.tool.handler(args, ctx)
                 else:
-                    state = _Abandonable()
                     release = False
-                    value = await self._in_thread(tool.tool.handler, args, ctx, borrower, state)
-            if scope.cancelled_caught:
-                return failure_result(
-                    call.id,
-                    call.name,
-                    Status.timed_out,
-                    f"{call.name} ran past its timeout of {timeout:g} s",
-                    effect_uncertain=writes,
-                    started=started,
-                    duration=time.monotonic() - t0,
-                    limit=self._max_out,
-                )
+                    value = await self._in_thread(tool.tool.handler, args, ctx, borrower, _Abandonable())
+                slot.deadline = math.inf
+                slot.running = None
+            else:
+                with trio.move_on_after(timeout) as scope:
+                    if self._runner is not None:
+                        served = await self._runner(planned, ctx)
+                    elif tool.is_async:
+                        value = await tool.tool.handler(args, ctx)
+                    else:
+                        release = False
+                        value = await self._in_thread(tool.tool.handler, args, ctx, borrower, _Abandonable())
+                if scope.cancelled_caught:
+                    return self._timed_out(planned, timeout, started, t0)
+            if self._runner is not None:
+                return served
             return ToolResult(
                 call_id=call.id,
                 name=call.name,
@@ -199,8 +316,12 @@ class Executor:
                 duration=time.monotonic() - t0,
             )
         except (HookBlocked, DispatchInterrupted):
+            slot.deadline = math.inf
+            slot.running = None
             raise
         except ToolError as exc:
+            slot.deadline = math.inf
+            slot.running = None
             return failure_result(
                 call.id,
                 call.name,
@@ -213,6 +334,8 @@ class Executor:
                 limit=self._max_out,
             )
         except Exception as exc:
+            slot.deadline = math.inf
+            slot.running = None
             return failure_result(
                 call.id,
                 call.name,
