@@ -1,0 +1,124 @@
+"""Shared fakes: tools that count what they do, built through the public surface."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import trio
+import trio.lowlevel
+
+from dispatcher import Registry, Tool, ToolCall
+
+TEXT_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+PATH_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+
+
+@attrs.define
+class Counter:
+    """Counts executions and the most calls in flight at once."""
+
+    runs: list[tuple[str, str]] = attrs.field(factory=list)
+    in_flight: int = 0
+    most: int = 0
+    serial_in_flight: int = 0
+    serial_overlap: bool = False
+
+    def enter(self, name: str, key: str) -> None:
+        self.runs.append((name, key))
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+
+
+def call(call_id: str, name: str, /, **args: Any) -> ToolCall:
+    return ToolCall(id=call_id, name=name, arguments=json.dumps(args))
+
+
+def openai_call(call_id: str, name: str, args: Mapping[str, Any] | str) -> dict[str, Any]:
+    text = args if isinstance(args, str) else json.dumps(args)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": text}}
+
+
+def fake_registry(counter: Counter, files: dict[str, str] | None = None) -> Registry:
+    """echo (concurrent), nap (concurrent sleep), slow_serial, read/edit on an in-memory file dict."""
+    files = {} if files is None else files
+
+    async def echo(args: Mapping[str, Any], ctx: Any) -> str:
+        counter.enter("echo", args["text"])
+        await trio.lowlevel.checkpoint()
+        counter.leave()
+        return str(args["text"])
+
+    async def nap(args: Mapping[str, Any], ctx: Any) -> str:
+        counter.enter("nap", str(args["ms"]))
+        try:
+            await trio.sleep(args["ms"] / 1000)
+        finally:
+            counter.leave()
+        return f"slept {args['ms']}"
+
+    async def serial(args: Mapping[str, Any], ctx: Any) -> str:
+        counter.enter("serial", args["text"])
+        counter.serial_in_flight += 1
+        if counter.serial_in_flight > 1:
+            counter.serial_overlap = True
+        await trio.sleep(0.01)
+        counter.serial_in_flight -= 1
+        counter.leave()
+        return args["text"]
+
+    async def read(args: Mapping[str, Any], ctx: Any) -> str:
+        counter.enter("read", args["path"])
+        await trio.lowlevel.checkpoint()
+        counter.leave()
+        return files.get(args["path"], "<missing>")
+
+    async def edit(args: Mapping[str, Any], ctx: Any) -> str:
+        counter.enter("edit", args["path"])
+        await trio.lowlevel.checkpoint()
+        files[args["path"]] = args["text"]
+        counter.leave()
+        return "edited"
+
+    async def boom(args: Mapping[str, Any], ctx: Any) -> str:
+        counter.enter("boom", "")
+        counter.leave()
+        raise RuntimeError("the tool broke")
+
+    def file_key(args: Mapping[str, Any]) -> set[str]:
+        return {f"file:/w/{args['path']}"}
+
+    return Registry(
+        [
+            Tool("echo", "Echo the text.", echo, TEXT_SCHEMA, concurrent=True, deferred=False),
+            Tool(
+                "nap",
+                "Sleep ms milliseconds.",
+                nap,
+                {"type": "object", "properties": {"ms": {"type": "integer"}}, "required": ["ms"]},
+                concurrent=True,
+                deferred=False,
+            ),
+            Tool("serial", "Run alone.", serial, TEXT_SCHEMA, concurrent=False, deferred=False),
+            Tool("read", "Read a file.", read, PATH_SCHEMA, concurrent=True, deferred=False, reads=file_key),
+            Tool(
+                "edit",
+                "Edit a file.",
+                edit,
+                {
+                    "type": "object",
+                    "properties": {"path": {"type": "string"}, "text": {"type": "string"}},
+                    "required": ["path", "text"],
+                },
+                concurrent=False,
+                deferred=False,
+                writes=file_key,
+            ),
+            Tool("boom", "Always fails.", boom, {"type": "object"}, concurrent=True, deferred=False),
+        ]
+    )

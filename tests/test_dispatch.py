@@ -1,0 +1,740 @@
+"""The three passes end to end, through `Session.dispatch` and `Dispatcher.invoke`."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import dispatcher
+from cache import CachePolicy, MemoryResultCache
+from dispatcher import (
+    Allow,
+    Deny,
+    Dispatcher,
+    DispatchInterrupted,
+    HookBlocked,
+    Interrupt,
+    Registry,
+    Status,
+    Tool,
+    ToolCall,
+    ToolError,
+)
+
+from ._fakes import TEXT_SCHEMA, Counter, call, fake_registry, openai_call
+
+
+def test_public_names_are_exactly_the_surface() -> None:
+    """dispatcher.__all__ is exactly the public surface of DESIGN.md plus the named extras."""
+    assert set(dispatcher.__all__) == {
+        "Allow",
+        "CachePolicy",
+        "Deny",
+        "DispatchInterrupted",
+        "Dispatcher",
+        "Divergence",
+        "HistoryEntry",
+        "HookBlocked",
+        "Interrupt",
+        "Registry",
+        "ReplayReport",
+        "Session",
+        "SessionStatistics",
+        "Status",
+        "Tool",
+        "ToolCall",
+        "ToolCallDispatchEvent",
+        "ToolContext",
+        "ToolDefinitionError",
+        "ToolError",
+        "ToolResult",
+        "ToolResultEvent",
+        "UnknownTool",
+        "default_limit",
+        "replay",
+    }
+    for name in dispatcher.__all__:
+        assert getattr(dispatcher, name) is not None
+
+
+def setup(**kw: Any) -> tuple[Dispatcher, Counter, dict[str, str]]:
+    counter = Counter()
+    files: dict[str, str] = {}
+    return Dispatcher(fake_registry(counter, files), **kw), counter, files
+
+
+async def test_results_come_back_in_call_order_with_ids() -> None:
+    """One result per call, in call order, ids preserved, whatever order they finish in."""
+    d, _, _ = setup()
+    s = d.session("s", mode="direct")
+    calls = [openai_call(f"c{i}", "nap", {"ms": 30 - i * 10}) for i in range(3)]
+    results = await s.dispatch(calls)
+    assert [r.call_id for r in results] == ["c0", "c1", "c2"]
+    assert [r.content for r in results] == ["slept 30", "slept 20", "slept 10"]
+    assert all(r.status is Status.ok for r in results)
+
+
+async def test_every_status_of_the_failure_table_from_a_real_path(autojump_clock: Any) -> None:
+    """ok, failed, rejected, invalid_arguments, schema_required, denied, timed_out, expired."""
+    counter = Counter()
+    reg = fake_registry(counter)
+
+    async def hang(args: Mapping[str, Any], ctx: Any) -> str:
+        await trio.sleep(10)
+        return "never"
+
+    reg.add(Tool("hang", "Hangs.", hang, {"type": "object"}, timeout=1.0, deferred=False))
+    reg.add(Tool("hidden", "Deferred.", hang, {"type": "object"}))
+    reg.add(Tool("guarded", "Needs a yes.", hang, {"type": "object"}, confirm=True, deferred=False))
+    d = Dispatcher(reg, gate=lambda c, ctx: Deny("not today"))
+    s = d.session("s", mode="deferred")
+    results = await s.dispatch(
+        [
+            call("a", "echo", text="x"),
+            call("b", "boom"),
+            call("c", "nope"),
+            openai_call("d", "echo", "{not json"),
+            call("e", "run_tool", name="hidden", args={}),
+            call("f", "guarded"),
+            call("g", "hang"),
+        ]
+    )
+    statuses = [r.status for r in results]
+    assert statuses == [
+        Status.ok,
+        Status.failed,
+        Status.rejected,
+        Status.invalid_arguments,
+        Status.schema_required,
+        Status.denied,
+        Status.timed_out,
+    ]
+    assert trio.current_time() == pytest.approx(1.0)
+    s.new_run(deadline=trio.current_time())
+    [expired] = await s.dispatch([call("h", "echo", text="late")])
+    assert expired.status is Status.expired
+    assert ("echo", "late") not in counter.runs
+    for r in [*results[1:], expired]:
+        body = json.loads(r.content.split("\n")[0])
+        assert body["status"] == r.status.value
+        assert set(body) == {"error", "status", "retryable", "effect_uncertain"}
+        assert body["retryable"] == r.retryable
+    assert [r.retryable for r in results[1:]] == [True, False, True, True, False, True]
+    assert not expired.retryable
+
+
+async def test_a_raising_tool_beside_two_healthy_ones() -> None:
+    """A tool that raises fails alone; its siblings in the same group succeed."""
+    d, _, _ = setup()
+    s = d.session("s")
+    results = await s.dispatch([call("1", "echo", text="a"), call("2", "boom"), call("3", "echo", text="b")])
+    assert [r.status for r in results] == [Status.ok, Status.failed, Status.ok]
+    assert "the tool broke" in results[1].content
+    assert results[1].retryable and not results[1].effect_uncertain
+
+
+async def test_tool_error_says_whether_a_retry_helps() -> None:
+    """ToolError(retryable=False) reaches the result; a writer's failure is effect_uncertain."""
+
+    async def refuse(args: Mapping[str, Any], ctx: Any) -> str:
+        raise ToolError("quota exhausted", retryable=False)
+
+    reg = Registry([Tool("refuse", "r", refuse, deferred=False, writes=lambda a: {"file:/x"})])
+    [r] = await Dispatcher(reg).session().dispatch([call("1", "refuse")])
+    assert r.status is Status.failed and not r.retryable and r.effect_uncertain
+    assert json.loads(r.content)["error"] == "quota exhausted"
+
+
+async def test_read_edit_read_in_one_batch_sees_the_edit() -> None:
+    """Read -> edit -> read of one path in one batch: the second read runs and sees the edit."""
+    d, counter, files = setup()
+    files["a"] = "old"
+    s = d.session("s")
+    results = await s.dispatch(
+        [call("1", "read", path="a"), call("2", "edit", path="a", text="new"), call("3", "read", path="a")]
+    )
+    assert [r.content for r in results] == ["old", "edited", "new"]
+    assert not results[2].deduped
+    assert counter.runs.count(("read", "a")) == 2
+
+
+async def test_an_edit_in_a_later_round_invalidates_an_earlier_read() -> None:
+    """A read remembered in this run is served again until an edit of its path drops it."""
+    d, counter, files = setup()
+    files["a"] = "v1"
+    s = d.session("s")
+    await s.dispatch([call("1", "read", path="a")])
+    [again] = await s.dispatch([call("2", "read", path="a")])
+    assert again.deduped and again.content == "v1" and again.call_id == "2"
+    await s.dispatch([call("3", "edit", path="a", text="v2")])
+    [fresh] = await s.dispatch([call("4", "read", path="a")])
+    assert not fresh.deduped and fresh.content == "v2"
+    assert counter.runs.count(("read", "a")) == 2
+
+
+async def test_in_batch_duplicates_run_once_and_share_the_result() -> None:
+    """The same key twice in a batch runs once; the follower carries deduped=True."""
+    d, counter, _ = setup()
+    s = d.session("s")
+    results = await s.dispatch([call("1", "echo", text="x"), call("2", "echo", text="x")])
+    assert counter.runs == [("echo", "x")]
+    assert [r.deduped for r in results] == [False, True]
+    assert [r.call_id for r in results] == ["1", "2"]
+
+
+async def test_dedupe_is_per_run() -> None:
+    """new_run empties the dedupe map: the same call runs again in the next user turn."""
+    d, counter, _ = setup()
+    s = d.session("s")
+    await s.dispatch([call("1", "echo", text="x")])
+    await s.dispatch([call("2", "echo", text="x")])
+    s.new_run()
+    await s.dispatch([call("3", "echo", text="x")])
+    assert counter.runs == [("echo", "x"), ("echo", "x")]
+
+
+async def test_failures_are_not_remembered_across_rounds() -> None:
+    """A failed call runs again when the model repeats it in a later round."""
+    d, counter, _ = setup()
+    s = d.session("s")
+    await s.dispatch([call("1", "boom")])
+    [r] = await s.dispatch([call("2", "boom")])
+    assert r.status is Status.failed and not r.deduped
+    assert counter.runs.count(("boom", "")) == 2
+
+
+async def _distinct_naps(limit: int) -> tuple[float, int]:
+    counter = Counter()
+    reg = Registry()
+
+    async def nap(args: Mapping[str, Any], ctx: Any) -> str:
+        counter.enter("nap", str(args["i"]))
+        await trio.sleep(0.1)
+        counter.leave()
+        return "ok"
+
+    schema = {"type": "object", "properties": {"i": {"type": "integer"}}}
+    reg.add(Tool("nap", "Sleep 100 ms.", nap, schema, concurrent=True, deferred=False))
+    s = Dispatcher(reg, max_concurrent=limit).session("s")
+    start = trio.current_time()
+    results = await s.dispatch([ToolCall(id=str(i), name="nap", arguments={"i": i}) for i in range(16)])
+    assert all(r.status is Status.ok for r in results)
+    assert len(counter.runs) == 16
+    return trio.current_time() - start, counter.most
+
+
+@pytest.mark.parametrize("limit", [3, 8])
+async def test_sixteen_sleeps_take_ceil_16_over_limit_tenths(autojump_clock: Any, limit: int) -> None:
+    """16 concurrent 100 ms calls take exactly ceil(16/limit) x 100 ms, never over the limit."""
+    wall, most = await _distinct_naps(limit)
+    assert wall == pytest.approx(math.ceil(16 / limit) * 0.1)
+    assert most == limit
+
+
+async def test_default_limit_is_half_the_cores_at_least_three() -> None:
+    """The limiter defaults to max(3, cpu_count // 2) and is shared by the sessions."""
+    d, _, _ = setup()
+    assert d.limiter.total_tokens == dispatcher.default_limit() >= 3
+    assert d.session("a").dispatcher.limiter is d.session("b").dispatcher.limiter
+
+
+async def test_non_concurrent_calls_never_overlap() -> None:
+    """Calls without the concurrent tag run one at a time, in order."""
+    d, counter, _ = setup()
+    s = d.session("s")
+    await s.dispatch([call(str(i), "serial", text=str(i)) for i in range(4)])
+    assert not counter.serial_overlap
+    assert [k for n, k in counter.runs if n == "serial"] == ["0", "1", "2", "3"]
+
+
+async def test_a_concurrent_call_times_out_at_its_own_deadline(autojump_clock: Any) -> None:
+    """In a group, each call is cut at exactly start + its timeout; its siblings go on."""
+    reg = Registry()
+    ends: dict[str, float] = {}
+
+    async def sleepy(args: Mapping[str, Any], ctx: Any) -> str:
+        try:
+            await trio.sleep(args["s"])
+        finally:
+            ends[ctx.call_id] = trio.current_time()
+        return "done"
+
+    schema = {"type": "object", "properties": {"s": {"type": "number"}}}
+    reg.add(Tool("sleepy", "s", sleepy, schema, concurrent=True, deferred=False, timeout=2.0))
+    reg.add(Tool("quick", "q", sleepy, schema, concurrent=True, deferred=False, timeout=0.5))
+    s = Dispatcher(reg, max_concurrent=3).session()
+    results = await s.dispatch(
+        [
+            ToolCall("a", "sleepy", {"s": 5}),
+            ToolCall("b", "quick", {"s": 1}),
+            ToolCall("c", "sleepy", {"s": 1}),
+            ToolCall("d", "sleepy", {"s": 3}),
+        ]
+    )
+    assert [r.status for r in results] == [Status.timed_out, Status.timed_out, Status.ok, Status.timed_out]
+    assert ends["a"] == pytest.approx(2.0)
+    assert ends["b"] == pytest.approx(0.5)
+    assert ends["c"] == pytest.approx(1.0)
+    # d waited for a slot: it started when b was cut (0.5 s) and was cut 2 s later
+    assert ends["d"] == pytest.approx(2.5)
+    assert "timeout of 2 s" in results[0].content
+
+
+async def test_a_sync_handler_past_its_timeout_keeps_its_slot() -> None:
+    """A sync tool past its timeout is reported at once; its thread holds the slot until it returns."""
+    import threading
+
+    release = threading.Event()
+
+    def stuck(args: Mapping[str, Any], ctx: Any) -> str:
+        release.wait(5)
+        return "finally"
+
+    reg = Registry([Tool("stuck", "s", stuck, timeout=0.2, deferred=False)])
+    d = Dispatcher(reg, max_concurrent=3)
+    with trio.fail_after(10):
+        [r] = await d.session().dispatch([call("1", "stuck")])
+    assert r.status is Status.timed_out
+    assert d.limiter.borrowed_tokens == 1
+    release.set()
+    with trio.fail_after(10):
+        # the slot belongs to a thread, which cannot set a trio.Event here: poll it
+        while d.limiter.borrowed_tokens:  # noqa: ASYNC110
+            await trio.sleep(0.01)
+    assert d.limiter.borrowed_tokens == 0
+
+
+async def test_sync_handlers_run_in_threads() -> None:
+    """A sync handler runs off the event loop, under the same limiter."""
+    import threading
+
+    seen: list[bool] = []
+
+    def where(args: Mapping[str, Any], ctx: Any) -> str:
+        seen.append(threading.current_thread() is threading.main_thread())
+        return "ok"
+
+    reg = Registry([Tool("where", "w", where, concurrent=True, deferred=False)])
+    with trio.fail_after(10):
+        await Dispatcher(reg).session().dispatch([ToolCall(str(i), "where", {"i": i}) for i in range(3)])
+    assert seen == [False, False, False]
+
+
+async def test_hooks_wrap_every_call_that_starts() -> None:
+    """before and after run once per started call, with the result; decided calls cross none."""
+    log: list[str] = []
+
+    class Audit:
+        async def before(self, c: ToolCall, ctx: Any) -> None:
+            log.append(f"before {c.id}")
+
+        def after(self, c: ToolCall, result: Any, ctx: Any) -> None:
+            log.append(f"after {c.id} {result.status.value}")
+
+    counter = Counter()
+    d = Dispatcher(fake_registry(counter), hooks=[Audit()])
+    await d.session().dispatch([call("1", "serial", text="a"), call("2", "nope"), call("3", "boom")])
+    assert log == ["before 1", "after 1 ok", "before 3", "after 3 failed"]
+
+
+async def test_hook_block_finishes_the_group_commits_and_propagates() -> None:
+    """HookBlocked: the rest of its group finishes, later groups do not start, what ran is committed."""
+
+    class Guard:
+        def before(self, c: ToolCall, ctx: Any) -> None:
+            if c.arguments.get("text") == "stop":  # type: ignore[union-attr]
+                raise HookBlocked("policy says no")
+
+    counter = Counter()
+    d = Dispatcher(fake_registry(counter), hooks=[Guard()])
+    s = d.session()
+    with pytest.raises(HookBlocked) as info:
+        await s.dispatch(
+            [
+                call("1", "echo", text="a"),
+                call("2", "echo", text="stop"),
+                call("3", "echo", text="b"),
+                call("4", "serial", text="later"),
+            ]
+        )
+    assert info.value.call_id == "2"
+    assert sorted(k for _, k in counter.runs) == ["a", "b"]
+    assert [h.call_id for h in s.history] == ["1", "3"]
+    [again] = await s.dispatch([call("5", "echo", text="a")])
+    assert again.deduped
+
+
+async def test_an_interrupt_runs_nothing_and_resuming_runs_each_approval_once() -> None:
+    """Every gate is answered first; an Interrupt runs nothing; a resume spends its approval."""
+    asked: list[str] = []
+
+    def gate(c: ToolCall, ctx: Any) -> Any:
+        asked.append(c.id)
+        return Interrupt("needs a human", {"cmd": c.name})
+
+    counter = Counter()
+    reg = fake_registry(counter)
+
+    async def danger(args: Mapping[str, Any], ctx: Any) -> str:
+        counter.enter("danger", args["text"])
+        counter.leave()
+        return "did " + args["text"]
+
+    reg.add(Tool("danger", "d", danger, TEXT_SCHEMA, confirm=True, deferred=False, writes=lambda a: {"x:y"}))
+    d = Dispatcher(reg, gate=gate)
+    s = d.session()
+    batch = [call("1", "echo", text="a"), call("2", "danger", text="rm"), call("3", "danger", text="mv")]
+    with pytest.raises(DispatchInterrupted) as info:
+        await s.dispatch(batch)
+    assert [(c.id, reason) for c, reason, _ in info.value.pending] == [
+        ("2", "needs a human"),
+        ("3", "needs a human"),
+    ]
+    assert info.value.pending[0][2] == {"cmd": "danger"}
+    assert counter.runs == [] and asked == ["2", "3"]
+    results = await s.dispatch(batch, decisions={"2": Allow(), "3": Deny("no moving")})
+    assert [r.status for r in results] == [Status.ok, Status.ok, Status.denied]
+    assert "no moving" in results[2].content
+    assert counter.runs == [("echo", "a"), ("danger", "rm")]
+    # the approval is spent: the same decisions again do not run call 2 a second time
+    with pytest.raises(DispatchInterrupted):
+        await s.dispatch(batch, decisions={"2": Allow(), "3": Deny("no moving")})
+    assert counter.runs.count(("danger", "rm")) == 1
+
+
+async def test_allow_with_new_arguments_is_validated_again() -> None:
+    """Arguments an Allow changed are validated again; bad ones are invalid_arguments."""
+    counter = Counter()
+    reg = fake_registry(counter)
+    reg.add(Tool("ask", "a", lambda a, c: a["text"], TEXT_SCHEMA, confirm=True, deferred=False))
+    gate_answers = iter([Allow(args={"text": "changed"}), Allow(args={"text": 5})])
+    d = Dispatcher(reg, gate=lambda c, ctx: next(gate_answers))
+    s = d.session()
+    with trio.fail_after(10):
+        [ok] = await s.dispatch([call("1", "ask", text="orig")])
+        [bad] = await s.dispatch([call("2", "ask", text="other")])
+    assert ok.content == "changed"
+    assert bad.status is Status.invalid_arguments and "$['text']" in bad.content
+
+
+async def test_followers_share_the_leaders_gate_decision() -> None:
+    """An in-batch duplicate of a gated call is not asked again and shares the leader's result."""
+    asked: list[str] = []
+
+    def gate(c: ToolCall, ctx: Any) -> Any:
+        asked.append(c.id)
+        return Deny("nope")
+
+    reg = Registry([Tool("g", "g", lambda a, c: "ran", TEXT_SCHEMA, confirm=True, deferred=False)])
+    with trio.fail_after(10):
+        results = (
+            await Dispatcher(reg, gate=gate)
+            .session()
+            .dispatch([call("1", "g", text="x"), call("2", "g", text="x")])
+        )
+    assert asked == ["1"]
+    assert [r.status for r in results] == [Status.denied, Status.denied]
+    assert results[1].deduped and results[1].call_id == "2"
+
+
+async def test_cancellation_cancels_running_calls_and_propagates(autojump_clock: Any) -> None:
+    """Cancelling the caller cancels every running call at once; what finished is committed."""
+    d, counter, _ = setup()
+    s = d.session()
+    with trio.move_on_after(0.05) as scope:
+        await s.dispatch([call("1", "echo", text="fast"), ToolCall("2", "nap", {"ms": 1000})])
+    assert scope.cancelled_caught
+    assert trio.current_time() == pytest.approx(0.05)
+    assert [h.call_id for h in s.history] == ["1"]
+    assert counter.in_flight == 0
+
+
+async def test_cancellation_wins_over_a_hook_block(autojump_clock: Any) -> None:
+    """When the caller is cancelled while a hook has blocked, cancellation propagates."""
+
+    class Guard:
+        def before(self, c: ToolCall, ctx: Any) -> None:
+            if c.id == "1":
+                raise HookBlocked("no")
+
+    counter = Counter()
+    d = Dispatcher(fake_registry(counter), hooks=[Guard()])
+    with trio.move_on_after(0.05) as scope:
+        await d.session().dispatch([ToolCall("1", "nap", {"ms": 1}), ToolCall("2", "nap", {"ms": 1000})])
+    assert scope.cancelled_caught
+
+
+async def test_hook_block_wins_over_an_interrupt_from_tool_code() -> None:
+    """A hook block and an interrupt in one batch: the hook block propagates."""
+
+    async def asks(args: Mapping[str, Any], ctx: Any) -> str:
+        raise DispatchInterrupted([(ToolCall(ctx.call_id, "asks", {}), "question", None)])
+
+    class Guard:
+        def before(self, c: ToolCall, ctx: Any) -> None:
+            if c.id == "2":
+                raise HookBlocked("no")
+
+    reg = Registry(
+        [
+            Tool("asks", "a", asks, concurrent=True, deferred=False),
+            Tool("other", "o", asks, concurrent=True, deferred=False),
+        ]
+    )
+    d = Dispatcher(reg, hooks=[Guard()])
+    with pytest.raises(HookBlocked):
+        await d.session().dispatch([call("1", "asks"), call("2", "other")])
+    with pytest.raises(DispatchInterrupted) as info:
+        await Dispatcher(reg).session().dispatch([call("3", "asks"), call("4", "other")])
+    assert info.value.pending[0][0].id == "3"
+
+
+async def test_rewriters_follow_symfonics_contract(caplog: Any) -> None:
+    """Chain in order; None passes; malformed, raising or off-palette rewrites are dropped; ids kept."""
+    seen: list[tuple[str, str]] = []
+
+    async def to_echo(event: Any, state: Any) -> Any:
+        seen.append((event.call_id, event.tool_name))
+        if event.tool_name == "serial":
+            return {"tool_name": "echo", "args": {"text": "rewritten " + event.args["text"]}, "call_id": "x"}
+        return None
+
+    def sees_rewrite(event: Any, state: Any) -> Any:
+        seen.append((event.call_id, event.tool_name))
+        assert "echo" in event.available_tools
+        return None
+
+    def malformed(event: Any, state: Any) -> Any:
+        return "rewrite"
+
+    def raising(event: Any, state: Any) -> Any:
+        raise ValueError("broken rewriter")
+
+    def off_palette(event: Any, state: Any) -> Any:
+        return {"tool_name": "not_a_tool", "args": {}} if event.tool_name == "boom" else None
+
+    counter = Counter()
+    d = Dispatcher(fake_registry(counter), rewriters=[to_echo, sees_rewrite, malformed, raising, off_palette])
+    results = await d.session().dispatch([call("1", "serial", text="a"), call("2", "boom")])
+    assert results[0].call_id == "1" and results[0].content == "rewritten a"
+    assert results[1].status is Status.failed  # off-palette rewrite dropped: the original ran
+    assert seen == [("1", "serial"), ("1", "echo"), ("2", "boom"), ("2", "boom")]
+    text = caplog.text
+    assert "not {'tool_name', 'args'}" in text and "raised" in text and "not_a_tool" in text
+    assert "call_id" in text
+
+
+async def test_no_rewriters_no_event_built(monkeypatch: Any) -> None:
+    """Without rewriters, no ToolCallDispatchEvent is ever constructed."""
+    import dispatcher._session as session_module
+
+    built: list[Any] = []
+
+    class Spy:
+        def __init__(self, **kw: Any) -> None:
+            built.append(kw)
+
+    monkeypatch.setattr(session_module, "ToolCallDispatchEvent", Spy)
+    d, _, _ = setup()
+    await d.session().dispatch([call("1", "echo", text="a")])
+    assert built == []
+
+
+async def test_deferred_mode_find_tools_then_run_tool() -> None:
+    """A deferred tool: rejected when called directly, loaded by find_tools select:, then run."""
+    reg = Registry(
+        [
+            Tool(
+                "weather",
+                "Weather for a city.",
+                lambda a, c: "sunny in " + a["city"],
+                {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            )
+        ]
+    )
+    s = Dispatcher(reg).session("s", mode="deferred")
+    names = [t["function"]["name"] for t in s.request_tools("openai")]
+    assert names == ["find_tools", "run_tool"]
+    assert "weather" in s.request_tools("openai")[1]["function"]["description"]
+    with trio.fail_after(10):
+        [direct] = await s.dispatch([call("1", "weather", city="Oslo")])
+        assert direct.status is Status.rejected and "select:weather" in direct.content
+        [found] = await s.dispatch([call("2", "find_tools", query="select:weather")])
+        assert found.status is Status.ok and '"city"' in found.content
+        [ran] = await s.dispatch([call("3", "run_tool", name="weather", args={"city": "Oslo"})])
+    assert ran.status is Status.ok and ran.content == "sunny in Oslo" and ran.call_id == "3"
+
+
+async def test_schema_required_then_the_retry_runs() -> None:
+    """Through run_tool before its schema: schema_required with the schema; the retry runs."""
+    reg = Registry(
+        [
+            Tool(
+                "weather",
+                "Weather.",
+                lambda a, c: "sunny",
+                {"type": "object", "properties": {"city": {"type": "string"}}},
+            )
+        ]
+    )
+    s = Dispatcher(reg).session("s", mode="direct")
+    stub = s.request_tools("anthropic")[1]
+    assert stub["name"] == "weather" and stub["input_schema"] == {"type": "object", "properties": {}}
+    with trio.fail_after(10):
+        [first] = await s.dispatch([call("1", "weather", city="Oslo")])
+        assert first.status is Status.schema_required and '"city"' in first.content
+        [second] = await s.dispatch([call("2", "weather", city="Oslo")])
+    assert second.status is Status.ok
+    assert s.request_tools("anthropic")[1]["input_schema"]["properties"] == {"city": {"type": "string"}}
+
+
+async def test_find_tools_free_text_ranks_names_and_descriptions() -> None:
+    """find_tools with words returns and loads the best matches."""
+    reg = Registry(
+        [
+            Tool("read_files", "Read files from the workspace.", lambda a, c: ""),
+            Tool("fetch_page", "Fetch a web page as text.", lambda a, c: ""),
+            Tool("calculate", "Evaluate arithmetic.", lambda a, c: ""),
+        ]
+    )
+    s = Dispatcher(reg).session()
+    [r] = await s.dispatch([call("1", "find_tools", query="web page", limit=2)])
+    assert r.content.splitlines()[1].startswith('{"description": "Fetch a web page')
+    assert s.is_loaded("fetch_page") and not s.is_loaded("calculate")
+
+
+async def test_shared_cache_serves_other_sessions_and_credentials_are_never_stored() -> None:
+    """A shared-policy success is served to another session; a credentialed call never is."""
+    runs: list[str] = []
+
+    async def fetch(args: Mapping[str, Any], ctx: Any) -> str:
+        runs.append(args["url"])
+        return "page " + args["url"]
+
+    schema = {"type": "object", "properties": {"url": {"type": "string"}, "headers": {"type": "object"}}}
+    reg = Registry([Tool("fetch", "f", fetch, schema, concurrent=True, deferred=False, cache=CachePolicy())])
+    store = MemoryResultCache()
+    d = Dispatcher(reg, cache=store)
+    await d.session("a").dispatch([ToolCall("1", "fetch", {"url": "https://x.test/"})])
+    [hit] = await d.session("b").dispatch([ToolCall("2", "fetch", {"url": "https://x.test/"})])
+    assert hit.cached and hit.content == "page https://x.test/"
+    secret = {"url": "https://x.test/", "headers": {"Authorization": "Bearer s3cret"}}
+    await d.session("c").dispatch([ToolCall("3", "fetch", secret)])
+    await d.session("d").dispatch([ToolCall("4", "fetch", secret)])
+    assert runs == ["https://x.test/", "https://x.test/", "https://x.test/"]
+    assert store.statistics().writes == 1
+    [forced] = await d.session("e").dispatch(
+        [ToolCall("5", "fetch", {"url": "https://x.test/", "force": True})]
+    )
+    assert not forced.cached and len(runs) == 4 and store.statistics().writes == 2
+
+
+async def test_session_scoped_cache_stays_in_its_session() -> None:
+    """A session-scoped entry serves its own session only."""
+    runs: list[int] = []
+    reg = Registry(
+        [
+            Tool(
+                "search",
+                "s",
+                lambda a, c: runs.append(1) or "hits",
+                {"type": "object", "properties": {"q": {"type": "string"}}},
+                deferred=False,
+                cache=CachePolicy(scope="session"),
+            )
+        ]
+    )
+    d = Dispatcher(reg, cache=MemoryResultCache())
+    a = d.session("a")
+    with trio.fail_after(10):
+        await a.dispatch([ToolCall("1", "search", {"q": "x"})])
+        a.new_run()
+        [own] = await a.dispatch([ToolCall("2", "search", {"q": "x"})])
+        [other] = await d.session("b").dispatch([ToolCall("3", "search", {"q": "x"})])
+    assert own.cached and not other.cached and len(runs) == 2
+
+
+async def test_invoke_uses_the_same_passes() -> None:
+    """invoke validates, dedupes within its session, and treats every tool as loaded."""
+    reg = Registry(
+        [
+            Tool(
+                "weather",
+                "Weather.",
+                lambda a, c: "sunny",
+                {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            )
+        ]
+    )
+    d = Dispatcher(reg)
+    with trio.fail_after(10):
+        ok = await d.invoke("weather", {"city": "Oslo"})
+        again = await d.invoke("weather", {"city": "Oslo"})
+        bad = await d.invoke("weather", {})
+    assert ok.status is Status.ok and again.deduped and bad.status is Status.invalid_arguments
+
+
+async def test_events_arrive_in_call_order() -> None:
+    """Subscribers and on_result see one event per result, in call order."""
+    got: list[str] = []
+    d, _, _ = setup(on_result=lambda e: got.append("on_result " + e.call.id))
+    s = d.session()
+
+    async def sub(event: Any) -> None:
+        got.append(f"sub {event.index} {event.result.call_id}")
+
+    s.subscribe(sub)
+    await s.dispatch([ToolCall("1", "nap", {"ms": 20}), ToolCall("2", "nap", {"ms": 10})])
+    assert got == ["sub 0 1", "on_result 1", "sub 1 2", "on_result 2"]
+
+
+async def test_output_is_well_formed_and_cut() -> None:
+    """Ill-formed output becomes U+FFFD and output over the limit is cut with a marker."""
+    reg = Registry(
+        [
+            Tool("bad", "b", lambda a, c: b"ok \xff\xfe", deferred=False),
+            Tool("lone", "l", lambda a, c: "x\ud800y", deferred=False),
+            Tool("big", "g", lambda a, c: "é" * 5000, deferred=False),
+        ]
+    )
+    with trio.fail_after(10):
+        results = (
+            await Dispatcher(reg, max_output_bytes=1000)
+            .session()
+            .dispatch([call("1", "bad"), call("2", "lone"), call("3", "big")])
+        )
+    assert results[0].content == "ok \ufffd\ufffd"
+    assert results[1].content == "x\ufffdy"
+    assert results[2].content.startswith("é" * 500) and "[output truncated: 10000 bytes" in results[2].content
+    for r in results:
+        r.content.encode("utf-8")
+
+
+async def test_unreadable_call_items_do_not_take_siblings_down() -> None:
+    """A batch item in no known shape is invalid_arguments; the rest of the batch runs."""
+    d, _, _ = setup()
+    results = await d.session().dispatch([{"id": "x", "weird": 1}, call("2", "echo", text="a"), 42])
+    assert [r.status for r in results] == [Status.invalid_arguments, Status.ok, Status.invalid_arguments]
+    assert results[0].call_id == "x"
+
+
+async def test_provider_shapes_are_accepted_and_answered() -> None:
+    """OpenAI chat, Responses and Anthropic call shapes all dispatch; results become tool messages."""
+    d, _, _ = setup()
+    results = await d.session().dispatch(
+        [
+            openai_call("c1", "echo", {"text": "a"}),
+            {"type": "function_call", "call_id": "c2", "name": "echo", "arguments": '{"text": "b"}'},
+            {"type": "tool_use", "id": "c3", "name": "echo", "input": {"text": "c"}},
+        ]
+    )
+    assert [r.content for r in results] == ["a", "b", "c"]
+    assert results[0].to_message("openai") == {"role": "tool", "tool_call_id": "c1", "content": "a"}
+    fail = (await d.session().dispatch([call("c4", "boom")]))[0].to_message("anthropic")
+    assert fail["is_error"] is True and fail["tool_use_id"] == "c4"

@@ -1,0 +1,155 @@
+"""Properties over random batches of fake tools (hypothesis), run under trio's MockClock."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dispatcher import Dispatcher, DispatchInterrupted, Interrupt, Registry, Status, Tool, ToolCall
+
+SCHEMA = {"type": "object", "properties": {"v": {"type": "string"}, "path": {"type": "string"}}}
+
+
+@attrs.define
+class World:
+    files: dict[str, str] = attrs.field(factory=dict)
+    executions: list[tuple[str, str]] = attrs.field(factory=list)
+    in_flight: int = 0
+    most: int = 0
+    alone_violated: bool = False
+    serial_running: bool = False
+
+    async def run(self, name: str, key: str, *, alone: bool, sleep: float) -> None:
+        if alone and self.in_flight:
+            self.alone_violated = True
+        if self.serial_running:
+            self.alone_violated = True
+        self.executions.append((name, key))
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        self.serial_running = alone
+        try:
+            await trio.sleep(sleep)
+        finally:
+            self.in_flight -= 1
+            self.serial_running = False
+
+
+def build(world: World) -> Registry:
+    def file_key(args: Mapping[str, Any]) -> set[str]:
+        return {f"file:/w/{args['path']}"}
+
+    async def fast(args: Mapping[str, Any], ctx: Any) -> str:
+        await world.run("fast", args["v"], alone=False, sleep=0.01)
+        return "fast " + args["v"]
+
+    async def slow(args: Mapping[str, Any], ctx: Any) -> str:
+        await world.run("slow", args["v"], alone=True, sleep=0.02)
+        return "slow " + args["v"]
+
+    async def read(args: Mapping[str, Any], ctx: Any) -> str:
+        await world.run("read", args["path"], alone=False, sleep=0.01)
+        return world.files.get(args["path"], "")
+
+    async def edit(args: Mapping[str, Any], ctx: Any) -> str:
+        await world.run("edit", args["path"], alone=True, sleep=0.01)
+        world.files[args["path"]] = args["v"]
+        return "ok"
+
+    async def fail(args: Mapping[str, Any], ctx: Any) -> str:
+        await world.run("fail", args["v"], alone=False, sleep=0.005)
+        raise RuntimeError("no")
+
+    async def danger(args: Mapping[str, Any], ctx: Any) -> str:
+        await world.run("danger", args["v"], alone=True, sleep=0.0)
+        return "done"
+
+    return Registry(
+        [
+            Tool("fast", "f", fast, SCHEMA, concurrent=True, deferred=False),
+            Tool("slow", "s", slow, SCHEMA, concurrent=False, deferred=False),
+            Tool("read", "r", read, SCHEMA, concurrent=True, deferred=False, reads=file_key),
+            Tool("edit", "e", edit, SCHEMA, concurrent=False, deferred=False, writes=file_key),
+            Tool("fail", "x", fail, SCHEMA, concurrent=True, deferred=False),
+            Tool("danger", "d", danger, SCHEMA, concurrent=False, deferred=False, confirm=True),
+        ]
+    )
+
+
+names = st.sampled_from(["fast", "slow", "read", "edit", "fail", "nope", "danger"])
+values = st.sampled_from(["a", "b"])
+one_call = st.tuples(names, values, values)
+batches = st.lists(st.lists(one_call, min_size=0, max_size=12), min_size=1, max_size=4)
+
+
+def args_for(name: str, v: str, path: str) -> dict[str, str]:
+    if name == "read":
+        return {"path": path}
+    return {"path": path, "v": v} if name == "edit" else {"v": v}
+
+
+@settings(max_examples=80, deadline=None)
+@given(rounds=batches, limit=st.integers(1, 4), with_danger_gate=st.booleans())
+def test_random_batches_keep_every_promise(
+    rounds: list[list[tuple[str, str, str]]], limit: int, with_danger_gate: bool
+) -> None:
+    """One result per call in order; no key runs twice in a run unless invalidated; the limit
+    holds; non-concurrent calls run alone; after an Interrupt nothing ran."""
+    world = World()
+    gate = (lambda c, ctx: Interrupt("ask")) if with_danger_gate else None
+    d = Dispatcher(build(world), max_concurrent=limit, gate=gate)
+    s = d.session("s")
+
+    async def main() -> None:
+        ran_keys: dict[tuple[str, str], int] = {}
+        for number, spec in enumerate(rounds):
+            calls = [
+                ToolCall(id=f"r{number}c{i}", name=name, arguments=json.dumps(args_for(name, v, p)))
+                for i, (name, v, p) in enumerate(spec)
+            ]
+            before = len(world.executions)
+            try:
+                results = await s.dispatch(calls)
+            except DispatchInterrupted as exc:
+                assert with_danger_gate
+                assert len(world.executions) == before, "a tool ran before the interrupt"
+                assert {c.name for c, _, _ in exc.pending} == {"danger"}
+                continue
+            assert [r.call_id for r in results] == [c.id for c in calls]
+            assert len(results) == len(calls)
+            for c, r in zip(calls, results, strict=True):
+                if c.name == "nope":
+                    assert r.status is Status.rejected
+                elif c.name == "fail":
+                    assert r.status is Status.failed
+                else:
+                    assert r.status is Status.ok, r.content
+            # a read after an edit of its path in the same batch sees the edit
+            seen: dict[str, str] = {}
+            for c, r in zip(calls, results, strict=True):
+                a = json.loads(str(c.arguments))
+                if c.name == "edit":
+                    seen[a["path"]] = a["v"]
+                elif c.name == "read" and a["path"] in seen:
+                    assert r.content == seen[a["path"]]
+            for name, key in world.executions[before:]:
+                ran_keys[(name, key)] = ran_keys.get((name, key), 0) + 1
+        # keys that nothing invalidates and that never fail ran at most once in this run
+        for (name, _), count in ran_keys.items():
+            if name in ("fast", "slow"):
+                assert count == 1
+        edits = {k: n for (name, k), n in ran_keys.items() if name == "edit"}
+        for (name, key), count in ran_keys.items():
+            if name == "read":
+                assert count <= 1 + sum(n for p, n in edits.items() if p == key)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert world.most <= limit
+    assert not world.alone_violated
