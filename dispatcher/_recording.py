@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._exceptions import DispatchInterrupted, HookBlocked
-from ._plan import Plan, PlannedCall
+from ._plan import FIND_TOOLS, Plan, PlannedCall
 from ._registry import Registry
-from ._types import Allow, Decision, Deny, Interrupt, ToolCall, ToolContext, ToolResult
+from ._results import normalize_output
+from ._types import Allow, Decision, Deny, Interrupt, Status, ToolCall, ToolContext, ToolResult
 
 if TYPE_CHECKING:
     from ._dispatcher import Dispatcher
@@ -217,7 +218,18 @@ class _BatchServer:
             expected = f"{row['name']} with key {row['key']}"
             got = f"{planned.call.name} with key {planned.key}"
             raise _DivergenceSignal(Divergence(self.number, i, planned.call.id, expected, got))
-        return ToolResult.from_json(want)
+        recorded = ToolResult.from_json(want)
+        if planned.call.name == FIND_TOOLS and planned.tool is not None:
+            # the dispatcher's own tool: it touches nothing outside the session, and loading
+            # the schemas it finds is what later calls depend on, so it runs for real
+            again = normalize_output(await planned.tool.tool.handler(planned.call.arguments, ctx))
+            if recorded.status is Status.ok and again != recorded.content:
+                raise _DivergenceSignal(
+                    Divergence(
+                        self.number, i, planned.call.id, repr(recorded.content[:120]), repr(again[:120])
+                    )
+                )
+        return recorded
 
 
 def _same(expected: Mapping[str, Any], got: ToolResult) -> str | None:

@@ -1,0 +1,239 @@
+"""The `threepass` command line: run a transcript's tool calls, replay a recording, manage the cache.
+
+    threepass run TRANSCRIPT [--workspace DIR] [--record FILE] [--yes | --no] ...
+    threepass replay RECORDING
+    threepass cache stats | clear [--dir DIR]
+
+`run` reads assistant messages (OpenAI chat or Anthropic shape, one JSON object a line,
+or one JSON array) and dispatches each message's tool calls as one batch through the
+builtin tools; a user message starts a new run. Calls that need confirmation are asked
+about on the terminal; without one they are refused unless --yes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import trio
+
+from ._dispatcher import Dispatcher
+from ._exceptions import DispatchInterrupted, HookBlocked
+from ._recording import read_recording, replay
+from ._types import Allow, Deny, ToolCall, ToolContext, ToolResult
+
+__all__ = ["main"]
+
+
+def _messages(path: Path) -> Iterator[dict[str, Any]]:
+    text = path.read_text(encoding="utf-8")
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        data = json.loads(text)
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: expected a JSON array of messages")
+        yield from data
+        return
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"{path}:{number}: not a JSON message: {exc}") from exc
+        if not isinstance(value, dict):
+            raise ValueError(f"{path}:{number}: a message must be a JSON object")
+        yield value
+
+
+def tool_calls_of(message: Mapping[str, Any]) -> list[Any]:
+    """The tool calls of an assistant message, in either provider's shape."""
+    calls = list(message.get("tool_calls") or [])
+    content = message.get("content")
+    if isinstance(content, list):
+        calls += [b for b in content if isinstance(b, Mapping) and b.get("type") == "tool_use"]
+    return calls
+
+
+class TerminalGate:
+    """Asks on the terminal; with no terminal, the answer given on the command line."""
+
+    def __init__(self, *, assume: bool | None, stdin: TextIO, stdout: TextIO) -> None:
+        self._assume = assume
+        self._stdin = stdin
+        self._stdout = stdout
+
+    async def __call__(self, call: ToolCall, ctx: ToolContext) -> Allow | Deny:
+        if self._assume is not None:
+            return Allow() if self._assume else Deny("refused on the command line (--no)")
+        if not self._stdin.isatty():
+            return Deny("no one to ask: run with --yes to allow calls that need confirmation")
+        args = json.dumps(call.arguments, ensure_ascii=False)
+        self._stdout.write(f"allow {call.name} {args}? [y/N] ")
+        self._stdout.flush()
+        answer = await trio.to_thread.run_sync(self._stdin.readline)
+        return Allow() if answer.strip().lower() in ("y", "yes") else Deny("the user said no")
+
+
+def _line(result: ToolResult) -> str:
+    flags = "".join(f" [{f}]" for f in ("cached", "deduped") if getattr(result, f))
+    first = result.content.split("\n", 1)[0]
+    if len(first) > 100:
+        first = first[:97] + "..."
+    return f"  {result.call_id:<10} {result.name:<14} {result.status.value:<17}{flags} {first}"
+
+
+def _make_cache(args: argparse.Namespace) -> Any:
+    if args.no_cache:
+        return None
+    from cache import DiskResultCache
+
+    return DiskResultCache(args.cache_dir)
+
+
+def _prepare_workspace(args: argparse.Namespace) -> Path:
+    """The folder the tools work in: a fresh copy of --workspace unless --in-place."""
+    source = Path(args.workspace).resolve()
+    if not source.is_dir():
+        raise ValueError(f"workspace {source} is not a folder")
+    if args.in_place:
+        return source
+    workspace = Path(tempfile.mkdtemp(prefix="threepass-ws-")) / source.name
+    shutil.copytree(source, workspace)
+    return workspace
+
+
+async def _run(args: argparse.Namespace, workspace: Path, messages: list[dict[str, Any]], out: TextIO) -> int:
+    from builtin_tools import default_registry
+
+    registry = default_registry(workspace)
+    gate = TerminalGate(assume=args.yes, stdin=sys.stdin, stdout=out)
+    d = Dispatcher(registry, cache=_make_cache(args), gate=gate)
+    session = d.session("cli", mode=args.mode, record=args.record)
+    if session.recorder is not None:
+        session.recorder.set_meta(workspace=str(workspace), transcript=str(args.transcript))
+    out.write(f"workspace: {workspace}\n")
+    batches = 0
+    for message in messages:
+        role = message.get("role")
+        if role == "user":
+            session.new_run()
+            text = message.get("content")
+            out.write(f"user: {text if isinstance(text, str) else '...'}\n")
+            continue
+        calls = tool_calls_of(message)
+        if role != "assistant" or not calls:
+            continue
+        batches += 1
+        out.write(f"batch {batches}: {len(calls)} call(s)\n")
+        try:
+            results = await session.dispatch(calls)
+        except DispatchInterrupted as exc:
+            for call, reason, _ in exc.pending:
+                out.write(f"  {call.id:<10} {call.name:<14} interrupted       {reason}\n")
+            continue
+        except HookBlocked as exc:
+            out.write(f"  blocked: {exc.reason}\n")
+            continue
+        for result in results:
+            out.write(_line(result) + "\n")
+            if args.json:
+                out.write("    " + json.dumps(result.to_message("openai"), ensure_ascii=False) + "\n")
+    stats = session.statistics()
+    statuses = ", ".join(f"{k} {v}" for k, v in sorted(stats.by_status.items()))
+    out.write(
+        f"{stats.calls} calls in {batches} batches: {stats.executed} ran, {stats.deduped} deduped, "
+        f"{stats.cached} cached ({statuses})\n"
+    )
+    if args.record:
+        out.write(f"recorded to {args.record}\n")
+    return 0
+
+
+async def _replay(args: argparse.Namespace, out: TextIO) -> int:
+    from builtin_tools import default_registry
+
+    header, _, _, problem = read_recording(args.recording)
+    if problem and not header:
+        out.write(f"threepass: {problem}\n")
+        return 2
+    workspace = header.get("meta", {}).get("workspace") or tempfile.mkdtemp(prefix="threepass-replay-")
+    d = Dispatcher(default_registry(workspace))
+    report = await replay(args.recording, d)
+    if not report.fingerprint_matches:
+        out.write("warning: the tools differ from those the recording was made with\n")
+    if report.truncated:
+        out.write("warning: the last line was cut short (a crash while writing); replayed the rest\n")
+    if report.problem:
+        out.write(f"problem: {report.problem}\n")
+    out.write(f"replayed {report.calls} calls in {report.batches} batches without running any tool\n")
+    if report.divergence is not None:
+        out.write(f"divergence: {report.divergence}\n")
+        return 1
+    out.write("no divergence\n")
+    return 0 if report.ok else 1
+
+
+def _cache(args: argparse.Namespace, out: TextIO) -> int:
+    from cache import DiskResultCache
+
+    store = DiskResultCache(args.dir)
+    if args.action == "clear":
+        store.clear()
+        out.write(f"cleared {store.directory}\n")
+        return 0
+    stats = store.statistics()
+    out.write(f"cache {store.directory}: {stats.entries} entries\n")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="threepass", description="Execute and replay LLM tool calls.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="dispatch the tool calls of a transcript")
+    run.add_argument("transcript", help="JSONL (or a JSON array) of chat messages")
+    run.add_argument("--workspace", default=".", help="folder the file tools work in (copied first)")
+    run.add_argument("--in-place", action="store_true", help="work in the workspace itself, not a copy")
+    run.add_argument("--record", help="append the session's batches to this JSONL file")
+    run.add_argument("--mode", choices=["deferred", "direct"], default="deferred")
+    run.add_argument("--json", action="store_true", help="also print each tool message")
+    run.add_argument("--cache-dir", help="result cache folder (default: the user cache folder)")
+    run.add_argument("--no-cache", action="store_true", help="run without the result cache")
+    answer = run.add_mutually_exclusive_group()
+    answer.add_argument(
+        "--yes", action="store_const", const=True, dest="yes", help="allow every confirmation"
+    )
+    answer.add_argument(
+        "--no", action="store_const", const=False, dest="yes", help="refuse every confirmation"
+    )
+    rep = sub.add_parser("replay", help="replay a recording offline and report the first divergence")
+    rep.add_argument("recording")
+    cache = sub.add_parser("cache", help="the result cache")
+    cache.add_argument("action", choices=["stats", "clear"])
+    cache.add_argument("--dir", help="cache folder (default: THREEPASS_CACHE_DIR or the user cache folder)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    stream = out or sys.stdout
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            messages = list(_messages(Path(args.transcript)))
+            return trio.run(_run, args, _prepare_workspace(args), messages, stream)
+        if args.command == "replay":
+            return trio.run(_replay, args, stream)
+        return _cache(args, stream)
+    except (OSError, ValueError) as exc:
+        stream.write(f"threepass: {exc}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""The command line: run the shipped example, replay its recording, manage the cache."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from dispatcher.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "transcript.jsonl"
+WORKSPACE = ROOT / "examples" / "workspace"
+
+
+def run_cli(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = main(list(argv), out=out)
+    return code, out.getvalue()
+
+
+def test_run_then_replay_the_shipped_example(tmp_path: Path) -> None:
+    """The main job runs the example in a copy of the workspace, records it, and replays clean."""
+    before = (WORKSPACE / "src" / "inventory.py").read_text()
+    rec = tmp_path / "session.jsonl"
+    code, text = run_cli(
+        "run",
+        str(EXAMPLE),
+        "--workspace",
+        str(WORKSPACE),
+        "--record",
+        str(rec),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    )
+    assert code == 0, text
+    assert "call_7     read_files     ok                [deduped]" in text
+    assert "3 * 0.75 + 2 * 1.2 = 4.65" in text
+    assert "call_18c   run_command    denied" in text  # no terminal: the CLI refuses
+    assert "Tool not found: calcualte" in text
+    assert (WORKSPACE / "src" / "inventory.py").read_text() == before  # the copy was edited
+    code, text = run_cli("replay", str(rec))
+    assert code == 0, text
+    assert "no divergence" in text and "replayed 24 calls in 6 batches" in text
+
+
+def test_replay_of_a_tampered_recording_fails(tmp_path: Path) -> None:
+    """A tampered result shows where it is first inconsistent: the call deduped from it; exit 1."""
+    rec = tmp_path / "session.jsonl"
+    run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache")
+    records = [json.loads(line) for line in rec.read_text().splitlines()]
+    records[2]["results"][1]["content"] = "tampered"
+    rec.write_text("".join(json.dumps(r) + "\n" for r in records))
+    code, text = run_cli("replay", str(rec))
+    assert code == 1 and "divergence: batch 2, call 3 (call_7)" in text
+    assert "got content 'tampered'" in text
+
+
+def test_yes_allows_confirmations(tmp_path: Path) -> None:
+    """--yes lets a call that needs confirmation run."""
+    code, text = run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--no-cache", "--yes")
+    assert code == 0 and "call_18c   run_command    ok" in text
+
+
+def test_cache_stats_and_clear(tmp_path: Path) -> None:
+    """`cache stats` counts entries of the folder; `cache clear` empties it."""
+    from cache import DiskResultCache
+
+    store = DiskResultCache(tmp_path / "c")
+    store.set("k", "v", ttl=60)
+    code, text = run_cli("cache", "stats", "--dir", str(tmp_path / "c"))
+    assert code == 0 and "1 entries" in text
+    code, text = run_cli("cache", "clear", "--dir", str(tmp_path / "c"))
+    assert code == 0 and DiskResultCache(tmp_path / "c").statistics().entries == 0
+
+
+def test_a_missing_transcript_is_a_clear_error(tmp_path: Path) -> None:
+    """A transcript that does not exist exits 2 with its path in the message."""
+    code, text = run_cli("run", str(tmp_path / "none.jsonl"), "--workspace", str(WORKSPACE))
+    assert code == 2 and "none.jsonl" in text
