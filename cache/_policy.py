@@ -17,9 +17,17 @@ __all__ = ["DEFAULT_TTL", "CachePolicy", "carries_credentials", "resources_overl
 DEFAULT_TTL = 1800.0
 
 _CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
-_SECRET_PARAM = re.compile(
-    r"(token|key|secret|passw(or)?d|pwd|signature|sig|auth|credential|session)", re.IGNORECASE
-)
+_SECRET_WORDS = frozenset(
+    {"token", "key", "apikey", "secret", "password", "passwd", "pwd", "signature", "sig", "auth",
+     "credential", "credentials", "session", "sessionid", "sessid", "phpsessid", "sid", "jwt", "bearer"}
+)  # fmt: skip
+_WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+
+
+def _names_a_secret(name: str) -> bool:
+    """True if one word of the name is a secret's: `api_key`, `accessToken`, `X-Amz-Signature`;
+    not `keyword`, `author` or `design`."""
+    return any(word.lower() in _SECRET_WORDS for word in _WORD.findall(name))
 
 
 @attrs.frozen
@@ -49,7 +57,7 @@ def _url_has_credentials(url: str) -> bool:
         return False
     if parts.username or parts.password:
         return True
-    return any(_SECRET_PARAM.search(name) for name, _ in parse_qsl(parts.query, True))
+    return any(_names_a_secret(name) for name, _ in parse_qsl(parts.query, True))
 
 
 def carries_credentials(args: Mapping[str, Any]) -> bool:
@@ -71,7 +79,7 @@ def carries_credentials(args: Mapping[str, Any]) -> bool:
         if isinstance(value, str) and _url_has_credentials(value):
             return True
     params = args.get("params")
-    return bool(isinstance(params, Mapping) and any(_SECRET_PARAM.search(str(k)) for k in params))
+    return bool(isinstance(params, Mapping) and any(_names_a_secret(str(k)) for k in params))
 
 
 def _trimmed(resource: str) -> str:

@@ -1,0 +1,443 @@
+"""`DiskResultCache`: the result cache in a diskcache folder, shared by one machine's processes.
+
+What is on disk
+    One `diskcache.Cache`: `cache.db` (SQLite in WAL mode) in the folder, values of 32 KiB
+    or more in files beside it. A value is our own document, UTF-8 JSON bytes with a
+    `format` number: the content, the resources it read, when it was stored and when it
+    expires. Only bytes are stored and only bytes are read back, so nothing is ever
+    unpickled. A value that is not a current-format document (garbage, truncated, a
+    pickle, another format) is a miss counted in `errors`. It is left in place: a newer
+    threepass sharing the folder may have written it, and the next write of its key
+    replaces it.
+
+Expiry
+    By the injected clock, against `expires_at` in the value. diskcache's own `expire`
+    (wall time) is set too, a grace period later, only so that entries nobody asks for
+    again are swept by later writes instead of waiting for the size limit.
+
+Invalidation index
+    A table `threepass_reads(resource, key)` in the same `cache.db`, one row per resource
+    an entry read, primary key `(resource, key)`. Overlap (`resources_overlap`: the same
+    path, a folder above, or one below) becomes three index lookups instead of decoding
+    every entry: `x` itself, the range `[x + "/", x + "0")` for everything below `x` ("0"
+    is the byte after "/"), and the folders above `x`. Resources are stored as UTF-8
+    bytes (`surrogatepass`, so any `str` path fits), whose byte order keeps prefixes and
+    ranges exact.
+    It is a table in the same database rather than a second store (a diskcache `Index`,
+    a second file) so that a value and its index rows commit in one SQLite transaction:
+    no process ever sees an entry its reads cannot invalidate. A trigger on diskcache's
+    `Cache` table deletes an entry's rows whenever the entry goes, whoever removes it
+    (size-limit eviction, expiry sweeping, `clear`, another process). diskcache's tags
+    cannot do this: an entry has one tag, and tags match only exactly.
+    `invalidate` first asks the index without a lock (most writes touch nothing cached),
+    then, if anything overlaps, deletes under the write lock with one statement per
+    written resource, so dropping every file entry costs one DELETE, not one per entry.
+
+Reads
+    With least-recently-used eviction, `diskcache.Cache.get` records every hit's access
+    time: a write transaction per lookup (about 150 µs instead of 35). `get` therefore
+    reads with one SELECT of its own and refreshes the access time only when it is more
+    than a minute old: eviction order is least recently used to the minute.
+
+diskcache internals relied on
+    The `Cache` table's columns (the trigger, the lookup, the access-time refresh, the
+    bulk delete) and `Cache._con`, the per-thread connection our statements share with
+    diskcache's transaction. With a diskcache that changed the table, the first of our
+    statements naming it fails and the cache disables itself (below); one without `_con`
+    fails loudly when the cache is made. Neither can serve a stale entry.
+
+Several processes
+    SQLite does the work. Every write (a `set`, the deleting part of an `invalidate`) is
+    one `BEGIN IMMEDIATE` transaction, so two processes writing one key are serialized
+    and the last value, with its own reads, wins whole; a reader sees a committed value
+    or none. A value file is written whole under a fresh name before its row commits.
+
+Failure
+    The cache must never make a call fail. When opening the folder or any operation on it
+    raises what a broken store raises (`OSError`: folder unwritable or full, value file
+    unreadable; `sqlite3.Error`: not a database, malformed, disk full; `diskcache.Timeout`:
+    locked by another process past `timeout`), one warning naming the folder and the
+    problem goes to the `threepass.cache` logger, the error is counted, and from then on
+    this object is disabled: `get` misses, `set` and `invalidate` do nothing, `healthy`
+    is False. Disabling, rather than trying again later, is what keeps a failed
+    invalidation from letting a stale entry be served afterwards.
+
+Nothing from `dispatcher` or trio is imported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+import attrs
+import diskcache
+import platformdirs
+from diskcache.core import MODE_BINARY, MODE_RAW
+
+from ._protocol import CacheEntry, CacheStatistics
+
+__all__ = ["DEFAULT_SIZE_LIMIT", "DiskResultCache", "default_cache_dir"]
+
+DEFAULT_SIZE_LIMIT: Final = 2**30
+_CACHE_DIR_ENV: Final = "THREEPASS_CACHE_DIR"
+
+# Bumped whenever the value document changes shape; other numbers read as misses.
+_FORMAT: Final = 1
+# diskcache's wall-time expiry trails ours: it only sweeps, the clock decides.
+_SWEEP_GRACE: Final = 300.0
+# An entry's access time (the LRU order) is refreshed by a hit at most this often.
+_TOUCH_AFTER: Final = 60.0
+
+_log = logging.getLogger("threepass.cache")
+
+_SCHEMA: Final = (
+    "CREATE TABLE IF NOT EXISTS threepass_reads ("
+    " resource BLOB NOT NULL, key TEXT NOT NULL, PRIMARY KEY (resource, key)"
+    ") WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS threepass_reads_key ON threepass_reads (key)",
+    "CREATE TRIGGER IF NOT EXISTS threepass_reads_forget AFTER DELETE ON Cache"
+    " FOR EACH ROW BEGIN DELETE FROM threepass_reads WHERE key = OLD.key; END",
+)
+_FORGET_READS: Final = "DELETE FROM threepass_reads WHERE key = ?"
+_REMEMBER_READ: Final = "INSERT OR IGNORE INTO threepass_reads (resource, key) VALUES (?, ?)"
+_SELECT_VALUE: Final = (
+    "SELECT rowid, access_time, mode, filename, value FROM Cache"
+    " WHERE key = ? AND raw = 1 AND (expire_time IS NULL OR expire_time > ?)"
+)
+_TOUCH: Final = "UPDATE Cache SET access_time = ? WHERE rowid = ?"
+
+# What a broken folder or database raises; anything else is a bug and propagates.
+_STORE_FAILURES: Final = (OSError, sqlite3.Error, diskcache.Timeout)
+
+
+def default_cache_dir() -> Path:
+    """The folder `DiskResultCache()` uses when given none: `$THREEPASS_CACHE_DIR` if set,
+    else the platform's user cache folder for threepass."""
+    override = os.environ.get(_CACHE_DIR_ENV)
+    if override:
+        return Path(override).expanduser()
+    return Path(platformdirs.user_cache_dir("threepass"))
+
+
+class _Undecodable(ValueError):
+    """A stored value that is not a current-format threepass entry."""
+
+
+def _index_form(resource: str) -> bytes:
+    trimmed = resource[:-1] if resource.endswith("/") else resource
+    return trimmed.encode("utf-8", "surrogatepass")
+
+
+def _overlapping(resource: str) -> tuple[str, tuple[bytes, ...]]:
+    """A subquery for the keys whose reads overlap `resource`, and its parameters."""
+    x = _index_form(resource)
+    above = tuple(x[:i] for i in range(len(x)) if x[i : i + 1] == b"/")
+    query = "SELECT key FROM threepass_reads WHERE resource = ? OR (resource >= ? AND resource < ?)"
+    if above:
+        query += f" OR resource IN ({', '.join('?' * len(above))})"
+    return query, (x, x + b"/", x + b"0", *above)
+
+
+def _anything_overlaps(con: sqlite3.Connection, resources: list[str]) -> bool:
+    for resource in resources:
+        keys, params = _overlapping(resource)
+        if con.execute(f"SELECT EXISTS ({keys})", params).fetchone()[0]:
+            return True
+    return False
+
+
+def _drop_overlapping(con: sqlite3.Connection, resources: list[str]) -> tuple[int, list[str]]:
+    """Delete the entries whose reads overlap `resources`, in the caller's transaction:
+    how many went, and the value files to remove once that commits.
+
+    One DELETE per resource rather than `Cache.delete` per key: dropping every file
+    entry (a shell command with unknown effects) stays one statement however many there are.
+    """
+    dropped = 0
+    files: list[str] = []
+    for resource in resources:
+        keys, params = _overlapping(resource)
+        files += [
+            name
+            for (name,) in con.execute(
+                f"SELECT filename FROM Cache WHERE filename IS NOT NULL AND key IN ({keys})", params
+            )
+        ]
+        dropped += con.execute(f"DELETE FROM Cache WHERE key IN ({keys})", params).rowcount
+    return dropped, files
+
+
+def _encode(content: str, reads: frozenset[str], stored_at: float, expires_at: float) -> bytes:
+    document = {
+        "format": _FORMAT,
+        "content": content,
+        "reads": sorted(reads),
+        "stored_at": stored_at,
+        "expires_at": expires_at,
+    }
+    text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _is_time(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return not math.isnan(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _decode(raw: bytes) -> tuple[float, CacheEntry]:
+    """`(expires_at, entry)` from a stored value; `_Undecodable` if it is anything else."""
+    try:
+        document = json.loads(raw.decode("utf-8", "surrogatepass"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise _Undecodable(f"not a JSON document: {exc!r}") from None
+    if not isinstance(document, dict):
+        raise _Undecodable(f"expected a JSON object, got {type(document).__name__}")
+    if document.get("format") != _FORMAT:
+        raise _Undecodable(f"format {document.get('format')!r}, this version reads {_FORMAT}")
+    match document:
+        case {
+            "content": str(content),
+            "reads": list(reads),
+            "stored_at": int() | float() as stored_at,
+            "expires_at": int() | float() as expires_at,
+        } if all(isinstance(r, str) for r in reads) and _is_time(stored_at) and _is_time(expires_at):
+            return float(expires_at), CacheEntry(content, frozenset(reads), float(stored_at))
+    raise _Undecodable("fields missing or of the wrong type")
+
+
+def _connection(store: Any) -> sqlite3.Connection:
+    # diskcache offers no public handle on its connection, and the reads index must
+    # commit inside diskcache's own transaction. `_con` is per thread and reopened after
+    # a fork; it has kept its name and meaning since diskcache 3.
+    con: sqlite3.Connection = store._con
+    return con
+
+
+def _read_value(store: Any, key: str) -> bytes | None:
+    """The stored bytes under `key` (None if absent), refreshing its LRU access time
+    when that is over a minute old. `_Undecodable` if the value is not bytes."""
+    con = _connection(store)
+    wall_now = time.time()  # diskcache's expire_time and access_time are wall time
+    rows = con.execute(_SELECT_VALUE, (key, wall_now)).fetchall()
+    if not rows:
+        return None
+    ((rowid, access_time, mode, filename, value),) = rows
+    if mode not in (MODE_RAW, MODE_BINARY):  # text or a pickle: not ours, never loaded
+        raise _Undecodable(f"stored in diskcache mode {mode!r}, not as bytes")
+    try:
+        raw = store.disk.fetch(mode, filename, value, False)
+    except FileNotFoundError:  # its file went with a concurrent overwrite or invalidation
+        return None
+    if not isinstance(raw, bytes):
+        raise _Undecodable(f"expected bytes, got {type(raw).__name__}")
+    if not (isinstance(access_time, float) and wall_now - access_time < _TOUCH_AFTER):
+        con.execute(_TOUCH, (wall_now, rowid))
+    return raw
+
+
+@attrs.define
+class _Counters:
+    hits: int = 0
+    misses: int = 0
+    writes: int = 0
+    invalidations: int = 0
+    expired: int = 0
+    errors: int = 0
+
+
+class DiskResultCache:
+    """A `ResultCache` in a diskcache folder, shared by every process that opens it.
+
+    `directory` defaults to `default_cache_dir()`. `clock` returns wall-time seconds and
+    decides expiry. `size_limit` bounds the folder in bytes, evicting the least recently
+    used entries first. `timeout` is how long an operation waits for another process's
+    write lock before the cache gives up and disables itself.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        size_limit: int = DEFAULT_SIZE_LIMIT,
+        timeout: float = 5.0,
+    ) -> None:
+        self._directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
+        self._clock = clock
+        self._counters = _Counters()
+        self._store: Any = None  # a diskcache.Cache while healthy, None once disabled
+        try:
+            store = diskcache.Cache(
+                str(self._directory),
+                timeout=timeout,
+                size_limit=size_limit,
+                eviction_policy="least-recently-used",
+            )
+            try:
+                with store.transact():
+                    for statement in _SCHEMA:
+                        _connection(store).execute(statement)
+            except BaseException:
+                store.close()
+                raise
+        except _STORE_FAILURES as exc:
+            self._disable("open", exc)
+        else:
+            self._store = store
+
+    @property
+    def directory(self) -> Path:
+        """The folder holding the cache."""
+        return self._directory
+
+    @property
+    def healthy(self) -> bool:
+        """False once the folder failed: from then on the cache stores and serves nothing."""
+        return self._store is not None
+
+    def get(self, key: str) -> CacheEntry | None:
+        store = self._store
+        if store is None:
+            self._counters.misses += 1
+            return None
+        try:
+            raw = _read_value(store, key)
+            if raw is None:
+                self._counters.misses += 1
+                return None
+            expires_at, entry = _decode(raw)
+        except _Undecodable:
+            self._counters.errors += 1
+            self._counters.misses += 1
+            return None
+        except _STORE_FAILURES as exc:
+            self._disable("read from", exc)
+            self._counters.misses += 1
+            return None
+        if self._clock() >= expires_at:
+            self._counters.expired += 1
+            self._counters.misses += 1
+            return None
+        self._counters.hits += 1
+        return entry
+
+    def set(self, key: str, content: str, *, ttl: float, reads: Iterable[str] = ()) -> None:
+        store = self._store
+        read = frozenset(reads)
+        if store is None or not ttl > 0:  # an entry born expired could serve nothing
+            return
+        now = self._clock()
+        value = _encode(content, read, now, now + ttl)
+        sweep_after = ttl + _SWEEP_GRACE if math.isfinite(ttl) else None
+        try:
+            with store.transact():
+                con = _connection(store)
+                con.execute(_FORGET_READS, (key,))
+                con.executemany(_REMEMBER_READ, [(_index_form(r), key) for r in read])
+                # The rows go in first: should the size limit evict this very entry
+                # while storing it, the trigger takes its rows along.
+                store.set(key, value, expire=sweep_after)
+        except _STORE_FAILURES as exc:
+            self._disable("write to", exc)
+            return
+        self._counters.writes += 1
+
+    def invalidate(self, resources: Iterable[str]) -> int:
+        store = self._store
+        written = list(resources)
+        if store is None or not written:
+            return 0
+        try:
+            con = _connection(store)
+            # Most writes touch nothing cached: a plain read settles those without taking
+            # the write lock. Otherwise look again under the lock and delete what is there.
+            if not _anything_overlaps(con, written):
+                return 0
+            with store.transact():
+                dropped, files = _drop_overlapping(con, written)
+            for name in files:  # only once the rows are gone for good
+                store.disk.remove(name)
+        except _STORE_FAILURES as exc:
+            self._disable("invalidate entries in", exc)
+            return 0
+        self._counters.invalidations += dropped
+        return dropped
+
+    def clear(self) -> None:
+        store = self._store
+        if store is None:
+            return
+        try:
+            # diskcache clears in short transactions; the trigger empties the index alongside
+            store.clear()
+        except _STORE_FAILURES as exc:
+            self._disable("clear", exc)
+
+    def statistics(self) -> CacheStatistics:
+        store = self._store
+        entries = 0
+        if store is not None:
+            try:
+                entries = len(store)  # rows in the store, expired ones not yet swept included
+            except _STORE_FAILURES as exc:
+                self._disable("count the entries in", exc)
+        c = self._counters
+        return CacheStatistics(
+            hits=c.hits,
+            misses=c.misses,
+            writes=c.writes,
+            invalidations=c.invalidations,
+            expired=c.expired,
+            errors=c.errors,
+            entries=entries,
+        )
+
+    def close(self) -> None:
+        """Close this thread's connection; the next operation opens it again."""
+        if self._store is not None:
+            self._store.close()
+
+    def __enter__(self) -> DiskResultCache:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "healthy" if self.healthy else "disabled"
+        return f"<DiskResultCache {str(self._directory)!r} {state}>"
+
+    def _disable(self, action: str, exc: BaseException) -> None:
+        self._counters.errors += 1
+        store, self._store = self._store, None
+        if store is not None:
+            with contextlib.suppress(*_STORE_FAILURES):
+                store.close()
+        damaged = isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError)
+        _log.warning(
+            "result cache disabled: could not %s %s (%s: %s); tool calls still run, uncached.%s",
+            action,
+            self._directory,
+            type(exc).__name__,
+            exc or "no detail",
+            " The database looks damaged: delete the folder to start afresh." if damaged else "",
+        )

@@ -1,0 +1,658 @@
+"""DiskResultCache: the result cache in a real diskcache folder, alone and shared by processes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import diskcache
+import platformdirs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cache
+from cache import (
+    CacheEntry,
+    CacheStatistics,
+    DiskResultCache,
+    MemoryResultCache,
+    ResultCache,
+    default_cache_dir,
+    resources_overlap,
+)
+
+REPO = Path(cache.__file__).resolve().parents[1]
+LOGGER = "threepass.cache"
+
+
+class FakeClock:
+    """Wall-clock seconds that move only when a test says so."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def disk(folder: Path, clock: FakeClock) -> DiskResultCache:
+    return DiskResultCache(folder, clock=clock)
+
+
+def warnings_from_cache(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
+
+
+def index_rows(folder: Path) -> list[tuple[bytes, str]]:
+    with sqlite3.connect(folder / "cache.db") as con:
+        return sorted(con.execute("SELECT resource, key FROM threepass_reads").fetchall())
+
+
+# --- the basics ---------------------------------------------------------------------------
+
+
+def test_is_a_result_cache(disk: DiskResultCache, folder: Path) -> None:
+    """A DiskResultCache satisfies the ResultCache protocol and opens healthy in its folder."""
+    assert isinstance(disk, ResultCache)
+    assert disk.healthy
+    assert disk.directory == folder
+    assert (folder / "cache.db").is_file()
+
+
+def test_set_then_get_returns_the_entry(disk: DiskResultCache, clock: FakeClock) -> None:
+    """What was set comes back whole: content, reads and the time it was stored."""
+    disk.set("k1", "hello", ttl=60, reads=["file:/w/a.txt", "url:https://e.com/"])
+    assert disk.get("k1") == CacheEntry(
+        "hello", frozenset({"file:/w/a.txt", "url:https://e.com/"}), clock.now
+    )
+
+
+def test_missing_key_is_a_miss(disk: DiskResultCache) -> None:
+    """A key never set is None and counts one miss."""
+    assert disk.get("nothing") is None
+    assert disk.statistics().misses == 1
+
+
+def test_entries_outlive_the_object(folder: Path, clock: FakeClock) -> None:
+    """An entry written by one DiskResultCache is served by a later one on the same folder."""
+    with DiskResultCache(folder, clock=clock) as first:
+        first.set("k", "kept", ttl=60)
+    assert DiskResultCache(folder, clock=clock).get("k") == CacheEntry("kept", frozenset(), clock.now)
+
+
+def test_any_text_roundtrips(disk: DiskResultCache) -> None:
+    """Non-ASCII content and resources, even lone surrogates from undecodable paths, survive."""
+    odd = "caf\u00e9 \u4e2d\u6587 \U0001f600 \udcff"
+    disk.set("k", odd, ttl=60, reads=["file:/w/caf\udce9"])
+    entry = disk.get("k")
+    assert entry is not None
+    assert entry.content == odd
+    assert entry.reads == {"file:/w/caf\udce9"}
+    assert disk.invalidate(["file:/w"]) == 1
+
+
+def test_large_content_roundtrips_and_is_invalidated(disk: DiskResultCache, folder: Path) -> None:
+    """Content stored in a file beside the database reads back whole and goes on invalidation."""
+    big = "x" * 100_000 + "end"
+    disk.set("big", big, ttl=60, reads=["url:https://e.com/page"])
+    assert any(p.suffix == ".val" for p in folder.rglob("*"))
+    entry = disk.get("big")
+    assert entry is not None and entry.content == big
+    assert disk.invalidate(["url:https://e.com/page"]) == 1
+    assert disk.get("big") is None
+    assert not any(p.suffix == ".val" for p in folder.rglob("*"))
+
+
+def test_overwrite_replaces_content_and_reads(disk: DiskResultCache, folder: Path) -> None:
+    """Setting a key again replaces its content and forgets what the old value read."""
+    disk.set("k", "old", ttl=60, reads=["file:/w/old"])
+    disk.set("k", "new", ttl=60, reads=["file:/w/new"])
+    assert index_rows(folder) == [(b"file:/w/new", "k")]
+    assert disk.invalidate(["file:/w/old"]) == 0
+    entry = disk.get("k")
+    assert entry is not None and entry.content == "new"
+    assert disk.invalidate(["file:/w/new"]) == 1
+
+
+def test_non_positive_ttl_stores_nothing(disk: DiskResultCache) -> None:
+    """An entry that would be born expired is not written."""
+    disk.set("k", "v", ttl=0)
+    assert disk.get("k") is None
+    assert disk.statistics().writes == 0
+
+
+# --- expiry -------------------------------------------------------------------------------
+
+
+def test_entry_expires_by_the_injected_clock(disk: DiskResultCache, clock: FakeClock) -> None:
+    """An entry is served until its ttl has passed on the injected clock, then is an expired miss."""
+    disk.set("k", "v", ttl=1800, reads=["url:https://e.com"])
+    clock.now += 1799.5
+    assert disk.get("k") is not None
+    clock.now += 0.5
+    assert disk.get("k") is None
+    stats = disk.statistics()
+    assert (stats.hits, stats.misses, stats.expired) == (1, 1, 1)
+
+
+def test_a_fresh_write_after_expiry_is_served(disk: DiskResultCache, clock: FakeClock) -> None:
+    """Rewriting an expired key starts a new lifetime from the clock's current time."""
+    disk.set("k", "first", ttl=10)
+    clock.now += 20
+    disk.set("k", "second", ttl=10)
+    assert disk.get("k") == CacheEntry("second", frozenset(), clock.now)
+
+
+# --- invalidation -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("written", "dropped"),
+    [
+        (["file:/w/a/b.txt"], True),  # the same file
+        (["file:/w/a/b.txt/"], True),  # a trailing slash names the same resource
+        (["file:/w/a"], True),  # a folder above
+        (["file:/w/a/"], True),
+        (["file:/w"], True),
+        (["file:/"], True),  # every file
+        (["file:/w/a/b.txt/inner"], True),  # below it: the read saw what changed
+        (["file:/w/b"], False),  # a sibling folder
+        (["file:/w/a/b"], False),  # a name prefix is not a folder
+        (["file:/w/a/b.txt.bak"], False),
+        (["file:/w/a/b.txt0"], False),
+        (["url:https://w/a/b.txt"], False),
+        ([], False),
+        (["file:/w/b", "file:/w/a"], True),
+    ],
+)
+def test_invalidation_follows_resources_overlap(
+    disk: DiskResultCache, written: list[str], dropped: bool
+) -> None:
+    """A write drops an entry exactly when resources_overlap says its reads overlap the write."""
+    reads = ["file:/w/a/b.txt"]
+    assert resources_overlap(reads, written) is dropped
+    disk.set("k", "v", ttl=60, reads=reads)
+    disk.set("unrelated", "v", ttl=60, reads=["url:https://elsewhere/x"])
+    assert disk.invalidate(written) == int(dropped)
+    assert (disk.get("k") is None) is dropped
+    assert disk.get("unrelated") is not None
+
+
+@pytest.mark.parametrize("neighbour", ["file:/w/a0", "file:/w/a.b", "file:/w/a-", "file:/w/ab/c"])
+def test_names_that_sort_beside_a_folder_are_not_in_it(disk: DiskResultCache, neighbour: str) -> None:
+    """Invalidating file:/w/a spares entries that read file:/w/a0, file:/w/a.b and the like."""
+    assert not resources_overlap([neighbour], ["file:/w/a"])
+    disk.set("k", "v", ttl=60, reads=[neighbour])
+    disk.set("inside", "v", ttl=60, reads=["file:/w/a/z"])
+    assert disk.invalidate(["file:/w/a"]) == 1
+    assert disk.get("k") is not None
+    assert disk.get("inside") is None
+
+
+def test_entry_that_read_a_folder_goes_when_a_file_in_it_changes(disk: DiskResultCache) -> None:
+    """A listing of file:/w is dropped by a write to file:/w/sub/new.txt."""
+    disk.set("listing", "a.txt\nsub/", ttl=60, reads=["file:/w/"])
+    assert disk.invalidate(["file:/w/sub/new.txt"]) == 1
+    assert disk.get("listing") is None
+
+
+def test_invalidate_counts_each_entry_once(disk: DiskResultCache, folder: Path) -> None:
+    """An entry matched by several written resources is dropped and counted once."""
+    disk.set("two", "v", ttl=60, reads=["file:/w/a", "file:/w/b"])
+    disk.set("one", "v", ttl=60, reads=["file:/w/b"])
+    disk.set("none", "v", ttl=60, reads=["file:/x"])
+    assert disk.invalidate(iter(["file:/w/a", "file:/w/b"])) == 2
+    assert disk.statistics().invalidations == 2
+    assert index_rows(folder) == [(b"file:/x", "none")]
+
+
+_segments = st.lists(st.sampled_from(["a", "a0", "a.b", "\u00e9", "a b"]), max_size=3)
+_resources = st.builds(
+    lambda parts, slash: "file:/" + "/".join(parts) + ("/" if slash and parts else ""),
+    _segments,
+    st.booleans(),
+)
+
+
+@pytest.fixture(scope="module")
+def reused_disk(tmp_path_factory: pytest.TempPathFactory) -> DiskResultCache:
+    return DiskResultCache(tmp_path_factory.mktemp("overlap"))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    entries=st.lists(st.lists(_resources, max_size=3), min_size=1, max_size=6),
+    written=st.lists(_resources, max_size=3),
+)
+def test_index_drops_what_the_overlap_rule_drops(
+    reused_disk: DiskResultCache, entries: list[list[str]], written: list[str]
+) -> None:
+    """The index answers invalidation exactly as MemoryResultCache's scan of every entry does."""
+    reused_disk.clear()
+    memory = MemoryResultCache()
+    for i, reads in enumerate(entries):
+        for store in (reused_disk, memory):
+            store.set(f"k{i}", "v", ttl=60, reads=reads)
+    assert reused_disk.invalidate(written) == memory.invalidate(written)
+    keys = [f"k{i}" for i in range(len(entries))]
+    assert [reused_disk.get(k) is None for k in keys] == [memory.get(k) is None for k in keys]
+
+
+# --- clear and statistics -----------------------------------------------------------------
+
+
+def test_clear_empties_the_store_and_its_index(disk: DiskResultCache, folder: Path) -> None:
+    """After clear() nothing is served, nothing is counted, and the reads index is empty."""
+    for i in range(5):
+        disk.set(f"k{i}", "v", ttl=60, reads=[f"file:/w/{i}"])
+    disk.clear()
+    assert disk.statistics().entries == 0
+    assert disk.get("k0") is None
+    assert index_rows(folder) == []
+
+
+def test_statistics_count_every_outcome(disk: DiskResultCache, clock: FakeClock) -> None:
+    """hits, misses, writes, invalidations, expired and entries each count what happened."""
+    disk.set("a", "1", ttl=10, reads=["file:/a"])
+    disk.set("b", "2", ttl=100, reads=["file:/b"])
+    disk.set("c", "3", ttl=100, reads=["file:/c"])
+    disk.get("a")
+    disk.get("zzz")
+    clock.now += 50
+    disk.get("a")  # expired
+    disk.invalidate(["file:/b"])
+    assert disk.statistics() == CacheStatistics(
+        hits=1, misses=2, writes=3, invalidations=1, expired=1, errors=0, entries=2
+    )
+
+
+# --- the folder ---------------------------------------------------------------------------
+
+
+def test_env_variable_chooses_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """THREEPASS_CACHE_DIR names the folder when no directory is given."""
+    monkeypatch.setenv("THREEPASS_CACHE_DIR", str(tmp_path / "from-env"))
+    assert default_cache_dir() == tmp_path / "from-env"
+    with DiskResultCache() as disk:
+        assert disk.directory == tmp_path / "from-env"
+    assert (tmp_path / "from-env" / "cache.db").is_file()
+
+
+def test_directory_argument_beats_the_env_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An explicit directory wins over THREEPASS_CACHE_DIR."""
+    monkeypatch.setenv("THREEPASS_CACHE_DIR", str(tmp_path / "from-env"))
+    with DiskResultCache(tmp_path / "given") as disk:
+        assert disk.directory == tmp_path / "given"
+    assert (tmp_path / "given" / "cache.db").is_file()
+    assert not (tmp_path / "from-env").exists()
+
+
+@pytest.mark.parametrize("env", [None, ""])
+def test_default_folder_is_the_platform_user_cache(monkeypatch: pytest.MonkeyPatch, env: str | None) -> None:
+    """Without THREEPASS_CACHE_DIR (or with it empty) the folder is the platform's user cache."""
+    if env is None:
+        monkeypatch.delenv("THREEPASS_CACHE_DIR", raising=False)
+    else:
+        monkeypatch.setenv("THREEPASS_CACHE_DIR", env)
+    assert default_cache_dir() == Path(platformdirs.user_cache_dir("threepass"))
+
+
+# --- size limit ---------------------------------------------------------------------------
+
+
+def test_size_limit_evicts_least_recently_used(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the size limit the least recently used entries go; one read often stays."""
+    wall = FakeClock(1_700_000_000.0)
+    # diskcache stamps access times with time.time; a hit refreshes one over a minute old
+    monkeypatch.setattr(time, "time", wall)
+    limit = 256 * 1024
+    disk = DiskResultCache(folder, clock=wall, size_limit=limit)
+    disk.set("hot", "h" * 2000, ttl=10**6, reads=["file:/hot"])
+    written = 300
+    for i in range(written):
+        wall.now += 61
+        disk.set(f"k{i}", "v" * 2000, ttl=10**6, reads=[f"file:/x/{i}"])
+        assert disk.get("hot") is not None, f"hot entry evicted after {i} writes"
+    entries = disk.statistics().entries
+    assert 10 < entries < written // 2
+    assert disk.get("k0") is None
+    assert disk.get(f"k{written - 1}") is not None
+    assert diskcache.Cache(folder).volume() <= limit + 16 * 1024
+    assert len(index_rows(folder)) == entries  # evictions took their index rows along
+
+
+def test_hits_refresh_the_access_time_at_most_once_a_minute(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hit writes the LRU access time only when it is over a minute old, keeping reads cheap."""
+    wall = FakeClock(1_700_000_000.0)
+    monkeypatch.setattr(time, "time", wall)
+    disk = DiskResultCache(folder, clock=wall)
+    disk.set("k", "v", ttl=3600)
+
+    def access_time() -> float:
+        with sqlite3.connect(folder / "cache.db") as con:
+            ((value,),) = con.execute("SELECT access_time FROM Cache WHERE key = 'k'")
+            return float(value)
+
+    wall.now += 59
+    assert disk.get("k") is not None
+    assert access_time() == 1_700_000_000.0
+    wall.now += 2
+    assert disk.get("k") is not None
+    assert access_time() == 1_700_000_061.0
+
+
+# --- undecodable values -------------------------------------------------------------------
+
+tripped: list[str] = []
+
+
+def _trip() -> str:
+    tripped.append("unpickled")
+    return "loaded"
+
+
+class Tripwire:
+    """Records in `tripped` if anyone ever unpickles it."""
+
+    def __reduce__(self) -> tuple[object, tuple[()]]:
+        return (_trip, ())
+
+
+def _real_value(folder: Path, clock: FakeClock, content: str = "real") -> bytes:
+    DiskResultCache(folder, clock=clock).set("k", content, ttl=60)
+    value = diskcache.Cache(folder).get("k")
+    assert isinstance(value, bytes)
+    return value
+
+
+@pytest.mark.parametrize(
+    "make_value",
+    [
+        pytest.param(lambda real: b"\x00\xffgarbage\xfe", id="garbage-bytes"),
+        pytest.param(lambda real: real[: len(real) // 2], id="truncated"),
+        pytest.param(lambda real: real[:-1], id="last-byte-missing"),
+        pytest.param(lambda real: real.replace(b'"format":1', b'"format":2'), id="other-format"),
+        pytest.param(lambda real: real.replace(b'"format":1,', b""), id="no-format"),
+        pytest.param(lambda real: real.replace(b'"content":"', b'"content":["'), id="wrong-shape"),
+        pytest.param(lambda real: b"[1, 2, 3]", id="json-list"),
+        pytest.param(lambda real: b"[" * 100_000, id="deep-nesting"),
+        pytest.param(lambda real: real.decode(), id="text-not-bytes"),
+        pytest.param(lambda real: 42, id="an-int"),
+        pytest.param(lambda real: Tripwire(), id="a-pickle"),
+        pytest.param(lambda real: b"\xff" * 50_000, id="garbage-in-a-file"),
+        pytest.param(lambda real: real[:-1] + b" " * 40_000, id="truncated-in-a-file"),
+    ],
+)
+def test_undecodable_value_is_a_counted_miss(folder: Path, clock: FakeClock, make_value: object) -> None:
+    """A value that is not a current-format entry is a miss counted in errors, never loaded."""
+    real = _real_value(folder, clock, content="x" * 100)
+    assert callable(make_value)
+    diskcache.Cache(folder).set("k", make_value(real))
+    disk = DiskResultCache(folder, clock=clock)
+    assert disk.get("k") is None
+    stats = disk.statistics()
+    assert (stats.misses, stats.errors, stats.hits) == (1, 1, 0)
+    assert tripped == []
+    # one bad value does not disable the cache: the key can be written and read again
+    assert disk.healthy
+    disk.set("k", "again", ttl=60)
+    entry = disk.get("k")
+    assert entry is not None and entry.content == "again"
+
+
+def test_value_file_gone_is_a_plain_miss(disk: DiskResultCache, folder: Path) -> None:
+    """A large value whose file vanished (another process replaced it) is a miss, not an error."""
+    disk.set("big", "y" * 50_000, ttl=60)
+    (value_file,) = [p for p in folder.rglob("*.val")]
+    value_file.unlink()
+    assert disk.get("big") is None
+    assert disk.statistics().errors == 0
+    assert disk.healthy
+
+
+# --- a broken folder ----------------------------------------------------------------------
+
+
+def _assert_disabled_but_harmless(
+    disk: DiskResultCache, folder: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    disk.set("k", "v", ttl=60, reads=["file:/a"])
+    assert disk.get("k") is None
+    assert disk.invalidate(["file:/a"]) == 0
+    disk.clear()
+    assert not disk.healthy
+    stats = disk.statistics()
+    assert stats.errors == 1
+    assert (stats.hits, stats.writes, stats.entries) == (0, 0, 0)
+    (warning,) = warnings_from_cache(caplog)
+    assert str(folder) in warning.getMessage()
+    assert "disabled" in warning.getMessage()
+
+
+def test_garbage_database_file_disables_the_cache(folder: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A cache.db that is not a database: one warning naming the folder, then misses and no-ops."""
+    folder.mkdir()
+    (folder / "cache.db").write_bytes(b"this is not sqlite\x00" * 500)
+    disk = DiskResultCache(folder)
+    assert not disk.healthy
+    assert "not a database" in warnings_from_cache(caplog)[0].getMessage()
+    _assert_disabled_but_harmless(disk, folder, caplog)
+
+
+def test_truncated_database_file_disables_the_cache(folder: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A cache.db cut in half (a crash, a full disk) disables the cache at its first failure."""
+    with DiskResultCache(folder) as disk:
+        for i in range(200):
+            disk.set(f"k{i}", "v" * 1000, ttl=600, reads=[f"file:/x/{i}"])
+    db = folder / "cache.db"
+    assert not (folder / "cache.db-wal").exists()
+    with db.open("r+b") as f:
+        f.truncate(db.stat().st_size // 2)
+    disk = DiskResultCache(folder)
+    for i in range(200):  # whether opening or some read notices first, nothing is served
+        assert disk.get(f"k{i}") is None
+    _assert_disabled_but_harmless(disk, folder, caplog)
+
+
+def _unwritable_folder(tmp_path: Path) -> Path:
+    """A folder the cache cannot create its database in: read-only, or, where permissions do
+    not bind (root), a path under a regular file, which no one can create."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    probe = locked / "probe"
+    try:
+        probe.touch()
+    except PermissionError:
+        return locked
+    probe.unlink()
+    locked.chmod(0o700)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    return blocker / "cache"
+
+
+def test_unwritable_folder_disables_the_cache(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A folder that cannot be written: one warning naming it, then misses and no-ops."""
+    folder = _unwritable_folder(tmp_path)
+    try:
+        disk = DiskResultCache(folder)
+        _assert_disabled_but_harmless(disk, folder, caplog)
+    finally:
+        if folder.name == "locked":
+            folder.chmod(0o700)
+
+
+def test_disk_full_on_write_disables_the_cache(
+    disk: DiskResultCache, folder: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that fails (the disk is full) warns once and turns the cache off, never raising."""
+    disk.set("before", "v", ttl=60)
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(diskcache.Cache, "set", full)
+    disk.set("k", "v", ttl=60)
+    disk.set("k2", "v", ttl=60)
+    assert not disk.healthy
+    assert disk.get("before") is None
+    (warning,) = warnings_from_cache(caplog)
+    assert str(folder) in warning.getMessage() and "disk is full" in warning.getMessage()
+    assert disk.statistics().errors == 1
+
+
+def test_failed_invalidation_stops_serving(
+    disk: DiskResultCache, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If an invalidation fails, the entries it should have dropped are never served afterwards."""
+    disk.set("k", "stale soon", ttl=60, reads=["file:/w/a"])
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(diskcache.Cache, "transact", broken)
+    assert disk.invalidate(["file:/w/a"]) == 0
+    monkeypatch.undo()
+    assert disk.get("k") is None
+    assert not disk.healthy
+    assert len(warnings_from_cache(caplog)) == 1
+
+
+# --- several processes --------------------------------------------------------------------
+
+_SET_IN_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    from cache import DiskResultCache
+    folder, key, content, reads = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+    disk = DiskResultCache(folder)
+    disk.set(key, content, ttl=600, reads=reads)
+    print(json.dumps(disk.healthy))
+    """
+)
+
+_GET_IN_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    from cache import DiskResultCache
+    entry = DiskResultCache(sys.argv[1]).get(sys.argv[2])
+    print(json.dumps(None if entry is None else [entry.content, sorted(entry.reads)]))
+    """
+)
+
+_HAMMER_IN_CHILD = textwrap.dedent(
+    """
+    import os, sys, time
+    from cache import DiskResultCache
+    folder, key, letter, size, rounds, go = sys.argv[1:]
+    disk = DiskResultCache(folder)
+    print("ready", flush=True)
+    give_up = time.monotonic() + 30
+    while not os.path.exists(go):
+        if time.monotonic() > give_up:
+            sys.exit("never told to go")
+        time.sleep(0.001)
+    for _ in range(int(rounds)):
+        disk.set(key, letter * int(size), ttl=600, reads=["file:/" + letter])
+    stats = disk.statistics()
+    print(stats.writes, stats.errors, disk.healthy, flush=True)
+    """
+)
+
+
+def _child(code: str, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _finish(child: subprocess.Popen[str]) -> str:
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == 0, err
+    return out
+
+
+def test_one_process_reads_what_another_wrote(folder: Path) -> None:
+    """An entry set in one process is a hit in another process on the same folder."""
+    writer = _child(_SET_IN_CHILD, str(folder), "k", "from A", json.dumps(["file:/w/a"]))
+    assert json.loads(_finish(writer)) is True
+    reader = _child(_GET_IN_CHILD, str(folder), "k")
+    assert json.loads(_finish(reader)) == ["from A", ["file:/w/a"]]
+
+
+def test_concurrent_writers_of_one_key_leave_one_whole_value(folder: Path, tmp_path: Path) -> None:
+    """Two processes writing one key at once: every read, and the last value, is one writer's
+    value whole, with that writer's reads."""
+    go = tmp_path / "go"
+    rounds = "150"
+    # one value lives in the database, the other in a file beside it
+    values = {"A": "A" * 40_000, "B": "B" * 500}
+    writers = [
+        _child(_HAMMER_IN_CHILD, str(folder), "k", letter, str(len(value)), rounds, str(go))
+        for letter, value in values.items()
+    ]
+    try:
+        for writer in writers:
+            assert writer.stdout is not None
+            assert writer.stdout.readline().strip() == "ready"
+        disk = DiskResultCache(folder)
+        go.touch()
+        give_up = time.monotonic() + 30
+        while any(w.poll() is None for w in writers):
+            assert time.monotonic() < give_up, "writers still running after 30 s"
+            entry = disk.get("k")
+            if entry is not None:
+                letter = entry.content[0]
+                assert entry.content == values[letter]
+                assert entry.reads == {"file:/" + letter}
+        for writer in writers:
+            assert _finish(writer).split() == [rounds, "0", "True"]
+    finally:
+        for writer in writers:
+            if writer.poll() is None:
+                writer.kill()
+                writer.communicate()
+    final = disk.get("k")
+    assert final is not None
+    letter = final.content[0]
+    assert final.content == values[letter]
+    other = "B" if letter == "A" else "A"
+    assert disk.invalidate(["file:/" + other]) == 0
+    assert disk.invalidate(["file:/" + letter]) == 1
+    assert index_rows(folder) == []
+
+
+def test_tripwire_notices_unpickling() -> None:
+    """Unpickling a Tripwire records it, so the pickle case above would see a load."""
+    before = len(tripped)
+    assert pickle.loads(pickle.dumps(Tripwire())) == "loaded"
+    assert len(tripped) == before + 1
+    tripped.pop()
