@@ -96,12 +96,11 @@ def commit(
             state.loaded.add(call.name)
         if ran and planned.spent_approval:
             state.spent_approvals.add(call.id)
-        if result.status is not Status.ok:
-            continue  # failures are never remembered across rounds
-        if planned.writes:
-            if ran:
-                _invalidate(state, cache, planned.writes)
-            continue
+        if planned.writes and ran and (result.status is Status.ok or result.effect_uncertain):
+            # a write that may have happened drops what it may have changed
+            _invalidate(state, cache, planned.writes)
+        if result.status is not Status.ok or planned.writes:
+            continue  # failures are never remembered across rounds; writes are never remembered
         if planned.key is not None and (ran or result.cached):
             state.dedupe[planned.key] = DedupeEntry(result=result, reads=planned.reads)
         if ran and planned.cacheable and planned.cache_key is not None and cache is not None:

@@ -13,6 +13,7 @@ Each step below is numbered as in DESIGN.md.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -45,14 +46,16 @@ DEFAULT_MAX_ARGUMENT_BYTES = 1024 * 1024
 RUN_TOOL = "run_tool"
 FIND_TOOLS = "find_tools"
 FORCE = "force"
+_RAW_SLACK = 8  # "\\u0001" is six characters for one byte, plus room for whitespace
 
 # A call's life: each step may only follow the ones listed for it.
 _NEXT: dict[str, frozenset[str]] = {
     "parsed": frozenset({"resolved", "decided"}),
     "resolved": frozenset({"approved", "decided", "following"}),
     "approved": frozenset({"decided", "planned"}),
-    "following": frozenset({"planned"}),
-    "decided": frozenset({"planned"}),
+    "following": frozenset({"planned", "reopened"}),
+    "decided": frozenset({"planned", "reopened"}),
+    "reopened": frozenset({"approved", "decided"}),
 }
 
 
@@ -152,6 +155,13 @@ class Plan:
     groups: tuple[tuple[int, ...], ...]
 
 
+class _SeamFailed(Exception):
+    def __init__(self, seam: str, cause: Exception) -> None:
+        super().__init__(seam)
+        self.seam = seam
+        self.cause = cause
+
+
 def _nearest(name: str, names: Iterable[str], n: int = 3) -> list[str]:
     return difflib.get_close_matches(name, list(names), n=n, cutoff=0.5)
 
@@ -210,6 +220,7 @@ class Planner:
         self._all_loaded = all_loaded
         self._max_args = max_argument_bytes
         self._max_out = max_output_bytes
+        self._writes_moved = False
 
     # -- palette ---------------------------------------------------------------
 
@@ -258,11 +269,13 @@ class Planner:
                 d, Status.invalid_arguments, f"arguments must be a JSON object, got {type(raw).__name__}"
             )
             return None
-        if len(raw) > self._max_args:
+        if len(raw) > _RAW_SLACK * self._max_args:
+            # the limit is on canonical JSON (measured in _key); escapes and whitespace can
+            # make the raw text several times longer, but never this much
             self._fail(
                 d,
                 Status.invalid_arguments,
-                f"arguments are {len(raw)} characters, over the limit of {self._max_args} bytes",
+                f"arguments are {len(raw)} characters of JSON, far over the limit of {self._max_args} bytes",
             )
             return None
         try:
@@ -391,7 +404,8 @@ class Planner:
         args = d.args if d.args is not None else {}
         tool = entry.tool
         if entry.defaults:
-            args = {**entry.defaults, **args}
+            defaults = copy.deepcopy(entry.defaults) if entry.defaults_mutable else entry.defaults
+            args = {**defaults, **args}
         if (
             tool.cache is not None
             and FORCE in args
@@ -414,26 +428,37 @@ class Planner:
         d.key = call_key(d.name, canonical)
         try:
             self._evaluate_seams(d, entry, args)
-        except Exception as exc:
+        except _SeamFailed as exc:
             # a seam that cannot read these arguments usually means they are wrong: say so
             if self._validate(d, entry):
-                self._fail(d, Status.invalid_arguments, f"{d.name} could not judge these arguments: {exc!r}")
+                self._fail(
+                    d,
+                    Status.invalid_arguments,
+                    f"{d.name}.{exc.seam} could not judge these arguments: {exc.cause!r}",
+                )
             return False
         return True
 
     def _evaluate_seams(self, d: Draft, entry: RegisteredTool, args: Mapping[str, Any]) -> None:
         tool = entry.tool
-        d.reads = _resources(tool.reads, args)
-        d.writes = _resources(tool.writes, args)
-        d.concurrent = _evaluate(tool.concurrent, args)
-        policy = tool.cache
-        d.cacheable = bool(
-            policy is not None
-            and self._cache is not None
-            and not d.writes
-            and (policy.when is None or policy.when(args))
-            and not carries_credentials(args)
-        )
+        seam = "reads"
+        try:
+            d.reads = _resources(tool.reads, args)
+            seam = "writes"
+            d.writes = _resources(tool.writes, args)
+            seam = "concurrent"
+            d.concurrent = _evaluate(tool.concurrent, args)
+            seam = "cache.when"
+            policy = tool.cache
+            d.cacheable = bool(
+                policy is not None
+                and self._cache is not None
+                and not d.writes
+                and (policy.when is None or policy.when(args))
+                and not carries_credentials(args)
+            )
+        except Exception as exc:
+            raise _SeamFailed(seam, exc) from exc
         if d.cacheable and policy is not None and d.key is not None:
             d.cache_key = (
                 d.key
@@ -500,17 +525,51 @@ class Planner:
         # arguments a gate changed are validated and keyed anew; no dedupe lookup for them
         entry = d.entry
         assert entry is not None
+        before = d.writes
         d.args = dict(decision.args)
         d.force = False
         if self._key(d, entry):
             self._validate(d, entry)
+        if d.writes != before:
+            self._writes_moved = True
 
     # -- finish: freeze the plan and group the runnable calls ------------------------
 
+    def _reopen_stale(self, drafts: Sequence[Draft]) -> None:
+        """An Allow that changed a writer's arguments changed what it writes: a follower, or an
+        earlier success served again, that reads what a write before it now touches runs after
+        all (pass 1 decided them from the writes as they were before the gate)."""
+        writers: list[tuple[int, frozenset[str]]] = []
+        for d in drafts:
+            served = d.outcome is not None and (d.outcome.deduped or d.outcome.cached)
+            if d.step == "following" and d.leader is not None:
+                leader = drafts[d.leader]
+                since = [w for i, w in writers if d.leader < i]
+                stale = leader.outcome is None and any(resources_overlap(d.reads, w) for w in since)
+            elif d.step == "decided" and served:
+                stale = any(resources_overlap(d.reads, w) for _, w in writers)
+            else:
+                stale = False
+            if stale and d.entry is not None:
+                d.advance("reopened")
+                d.leader, d.outcome = None, None
+                if self._validate(d, d.entry) and d.step == "reopened" and d.confirm:
+                    self._fail(
+                        d,
+                        Status.denied,
+                        "a gated write changed what this call reads and it needs confirmation again",
+                        retryable=True,
+                        hint="call it again",
+                    )
+            if d.outcome is None and d.leader is None and d.writes:
+                writers.append((d.index, d.writes))
+
     def finish(self, drafts: Sequence[Draft]) -> Plan:
+        if self._writes_moved:
+            self._reopen_stale(drafts)
         calls: list[PlannedCall] = []
         for d in drafts:
-            if d.step == "resolved":
+            if d.step in ("resolved", "reopened"):
                 d.advance("approved")
             d.advance("planned")
             calls.append(

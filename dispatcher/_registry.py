@@ -76,6 +76,7 @@ class RegisteredTool:
     tool: Tool
     validator: Any  # a jsonschema Draft202012Validator
     defaults: Mapping[str, Any]
+    defaults_mutable: bool
     is_async: bool
     schema_json: str
 
@@ -106,7 +107,7 @@ def register_check(tool: Tool) -> RegisteredTool:
     """Check `tool` and compile its validator; raise ToolDefinitionError naming the fault."""
     if not isinstance(tool, Tool):
         raise ToolDefinitionError(f"expected a Tool, got {tool!r}")
-    if not _NAME.match(tool.name):
+    if not isinstance(tool.name, str) or not _NAME.fullmatch(tool.name):
         raise ToolDefinitionError(
             f"a tool name is 1-128 characters of letters, digits, '_', '-' or '.', got {tool.name!r}"
         )
@@ -127,12 +128,23 @@ def register_check(tool: Tool) -> RegisteredTool:
         schema_json = json.dumps(tool.schema(), sort_keys=True, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise ToolDefinitionError(f"tool {tool.name!r}: schema is not JSON: {exc}") from exc
+    # The seams are pure functions of the arguments, judged in pass 1, which never waits:
+    # an async one would be truthy (or not iterable) without ever running, so say so here.
+    seams = {"reads": tool.reads, "writes": tool.writes, "concurrent": tool.concurrent,
+             "confirm": tool.confirm, "cache.when": tool.cache.when if tool.cache else None}  # fmt: skip
+    for seam, fn in seams.items():
+        if fn is not None and not isinstance(fn, bool) and _is_async_callable(fn):
+            raise ToolDefinitionError(
+                f"tool {tool.name!r}: {seam} must be a plain function of the arguments, got async {fn!r}"
+            )
     if tool.timeout is not None and not tool.timeout > 0:
         raise ToolDefinitionError(f"tool {tool.name!r}: timeout must be positive, got {tool.timeout!r}")
+    defaults = _top_level_defaults(schema)
     return RegisteredTool(
         tool=tool,
         validator=jsonschema.Draft202012Validator(schema, format_checker=None),
-        defaults=_top_level_defaults(schema),
+        defaults=defaults,
+        defaults_mutable=any(isinstance(v, dict | list) for v in defaults.values()),
         is_async=_is_async_callable(tool.handler),
         schema_json=schema_json,
     )

@@ -124,6 +124,10 @@ def failure_result(
     """A non-ok ToolResult whose content follows the failure contract."""
     if retryable is None:
         retryable = _RETRYABLE[status]
+    # the JSON line is the contract: shorten what it says, never cut the line itself
+    error = _cut(error, limit // 2)
+    detail = None if detail is None else _cut(detail, limit // 4)
+    hint = None if hint is None else _cut(hint, limit // 8)
     content = failure_content(
         status, error, retryable=retryable, effect_uncertain=effect_uncertain, hint=hint, detail=detail
     )
@@ -131,7 +135,7 @@ def failure_result(
         call_id=call_id,
         name=name,
         status=status,
-        content=_cut(content, limit),
+        content=content,
         retryable=retryable,
         effect_uncertain=effect_uncertain,
         started=started,

@@ -156,14 +156,21 @@ async def _run(args: argparse.Namespace, workspace: Path, messages: list[dict[st
     return 0
 
 
-async def _replay(args: argparse.Namespace, out: TextIO) -> int:
+def _replay_workspace(path: str) -> str:
+    """No tool runs in replay: the workspace only anchors resource keys, so any folder will
+    do when the recorded one (often a temporary copy) is gone."""
+    header, _, _, problem = read_recording(path)
+    if problem and not header:
+        raise ValueError(problem)
+    workspace = header.get("meta", {}).get("workspace")
+    if not workspace or not Path(workspace).is_dir():
+        workspace = tempfile.mkdtemp(prefix="threepass-replay-")
+    return str(workspace)
+
+
+async def _replay(args: argparse.Namespace, workspace: str, out: TextIO) -> int:
     from builtin_tools import default_registry
 
-    header, _, _, problem = read_recording(args.recording)
-    if problem and not header:
-        out.write(f"threepass: {problem}\n")
-        return 2
-    workspace = header.get("meta", {}).get("workspace") or tempfile.mkdtemp(prefix="threepass-replay-")
     d = Dispatcher(default_registry(workspace))
     report = await replay(args.recording, d)
     if not report.fingerprint_matches:
@@ -228,7 +235,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             messages = list(_messages(Path(args.transcript)))
             return trio.run(_run, args, _prepare_workspace(args), messages, stream)
         if args.command == "replay":
-            return trio.run(_replay, args, stream)
+            return trio.run(_replay, args, _replay_workspace(args.recording), stream)
         return _cache(args, stream)
     except (OSError, ValueError) as exc:
         stream.write(f"threepass: {exc}\n")

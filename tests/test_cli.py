@@ -78,3 +78,15 @@ def test_a_missing_transcript_is_a_clear_error(tmp_path: Path) -> None:
     """A transcript that does not exist exits 2 with its path in the message."""
     code, text = run_cli("run", str(tmp_path / "none.jsonl"), "--workspace", str(WORKSPACE))
     assert code == 2 and "none.jsonl" in text
+
+
+def test_replay_works_when_the_recorded_workspace_is_gone(tmp_path: Path) -> None:
+    """Replay runs no tool, so a recording whose workspace copy was deleted still replays."""
+    import shutil
+
+    rec = tmp_path / "session.jsonl"
+    run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache")
+    header = json.loads(rec.read_text().splitlines()[0])
+    shutil.rmtree(Path(header["meta"]["workspace"]).parent)
+    code, text = run_cli("replay", str(rec))
+    assert code == 0 and "no divergence" in text
