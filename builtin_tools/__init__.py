@@ -1,0 +1,102 @@
+"""The tools that ship with threepass, bound to a workspace folder.
+
+`default_registry(workspace)` registers all of them:
+
+- files: read_files, find_files, edit_file, remove_file, restore_file, file_history
+- shell: run_command
+- web: fetch_page, search_web, http_request, download_file
+- meta (always loaded): reasoning_guide, write_todo, chat_history, ask_user, write_result
+- calculate: calculate
+
+`find_tools` and `run_tool` are not here: every session supplies them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from dispatcher._registry import Registry, Tool
+
+from ._workspace import Workspace
+from .calculate import calculate_tools
+from .files import file_tools
+from .meta import CORE_TOOL_NAMES, meta_tools
+from .shell import is_read_only_command, shell_tools
+from .web import web_tools
+
+__all__ = [
+    "GROUPS",
+    "Workspace",
+    "all_tools",
+    "core_tool_names",
+    "default_registry",
+    "is_read_only_command",
+]
+
+GROUPS: dict[str, tuple[str, ...]] = {
+    "files": (
+        "read_files", "find_files", "edit_file", "remove_file", "restore_file", "file_history",
+    ),
+    "shell": ("run_command",),
+    "web": ("fetch_page", "search_web", "http_request", "download_file"),
+    "meta": CORE_TOOL_NAMES,
+    "calculate": ("calculate",),
+}  # fmt: skip
+"""Tool names by group; `include` accepts group names and tool names alike."""
+
+
+def core_tool_names() -> list[str]:
+    """The builtin tools that are always loaded (`deferred=False`), in request order."""
+    return list(CORE_TOOL_NAMES)
+
+
+def all_tools(
+    workspace: str | os.PathLike[str] | Workspace, *, search_url: str | None = None
+) -> list[Tool]:
+    """Every builtin tool, bound to `workspace`, in the order `GROUPS` lists them."""
+    ws = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
+    return [
+        *file_tools(ws),
+        *shell_tools(ws),
+        *web_tools(ws, search_url=search_url),
+        *meta_tools(ws),
+        *calculate_tools(),
+    ]
+
+
+def default_registry(
+    workspace: str | os.PathLike[str] | Workspace,
+    *,
+    include: Iterable[str] | None = None,
+    search_url: str | None = None,
+) -> Registry:
+    """A Registry of the builtin tools bound to `workspace` (an existing folder).
+
+    `include` limits it to the named tools and groups (see `GROUPS`); an unknown name
+    is a ValueError. `search_url` is the SearXNG-compatible endpoint of `search_web`
+    (else the THREEPASS_SEARCH_URL environment variable, read at each call).
+    """
+    tools = all_tools(workspace, search_url=search_url)
+    if include is not None:
+        wanted = _expand(include)
+        tools = [t for t in tools if t.name in wanted]
+    return Registry(tools)
+
+
+def _expand(include: Iterable[str]) -> set[str]:
+    if isinstance(include, str):
+        include = [include]
+    known = {name for names in GROUPS.values() for name in names}
+    wanted: set[str] = set()
+    for name in include:
+        if name in GROUPS:
+            wanted.update(GROUPS[name])
+        elif name in known:
+            wanted.add(name)
+        else:
+            raise ValueError(
+                f"unknown builtin tool or group {name!r}; groups are {sorted(GROUPS)}, "
+                f"tools are {sorted(known)}"
+            )
+    return wanted

@@ -1,0 +1,550 @@
+"""The file tools: `read_files`, `find_files`, `edit_file`, `remove_file`, `restore_file`,
+`file_history`.
+
+Every path is resolved inside the workspace (`_workspace.Workspace.resolve`). Readers
+run concurrently and declare what they read; writers run alone, declare what they
+write, and go through the workspace's backups so `restore_file` can undo them.
+Handlers are synchronous (plain file I/O): the dispatcher runs them in worker threads.
+Nothing from the dispatcher's passes may be imported here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dispatcher._exceptions import ToolError
+from dispatcher._registry import Tool
+from dispatcher._types import ToolContext
+
+from ._workspace import Change, Workspace, unique
+
+__all__ = ["FileTools", "file_tools", "glob_to_regex"]
+
+_DEFAULT_LIMIT = 2000
+_MAX_LINE_CHARS = 2000
+_MAX_OUTPUT_CHARS = 200_000
+_BINARY_SNIFF_BYTES = 8192
+_MAX_MATCHES = 1000
+_MAX_VISITED = 200_000
+_SNIPPET_LINES = 12
+
+
+def file_tools(workspace: Workspace) -> list[Tool]:
+    """The file tools bound to `workspace`."""
+    return FileTools(workspace).tools()
+
+
+class FileTools:
+    """The file tools' handlers and resource functions, bound to one workspace."""
+
+    def __init__(self, workspace: Workspace) -> None:
+        self.ws = workspace
+
+    def tools(self) -> list[Tool]:
+        return [
+            Tool(
+                name="read_files",
+                description=(
+                    "Read one or more text files in the workspace, with line numbers. "
+                    "`offset` (1-based line) and `limit` (lines) select a window of each file."
+                ),
+                handler=self.read_files,
+                parameters=_READ_FILES_SCHEMA,
+                concurrent=True,
+                reads=self.read_files_reads,
+            ),
+            Tool(
+                name="find_files",
+                description=(
+                    "List files and folders in the workspace whose path (relative to `path`) "
+                    "matches a glob: `*` and `?` stay within one folder, `**` spans folders "
+                    "(`**/*.py` finds Python files at any depth). Folders end with '/'."
+                ),
+                handler=self.find_files,
+                parameters=_FIND_FILES_SCHEMA,
+                concurrent=True,
+                reads=self.folder_reads,
+            ),
+            Tool(
+                name="edit_file",
+                description=(
+                    "Replace `old_string` with `new_string` in a file (it must occur exactly "
+                    "once unless `replace_all`). With an empty `old_string` and no such file, "
+                    "create the file with `new_string` as its content. Undo with restore_file."
+                ),
+                handler=self.edit_file,
+                parameters=_EDIT_FILE_SCHEMA,
+                writes=self.path_writes,
+            ),
+            Tool(
+                name="remove_file",
+                description="Delete one file from the workspace. Undo with restore_file.",
+                handler=self.remove_file,
+                parameters=_PATH_SCHEMA,
+                writes=self.path_writes,
+            ),
+            Tool(
+                name="restore_file",
+                description=(
+                    "Undo the last change made to a file by edit_file, remove_file, "
+                    "download_file or write_result; call again to step further back."
+                ),
+                handler=self.restore_file,
+                parameters=_PATH_SCHEMA,
+                writes=self.path_writes,
+            ),
+            Tool(
+                name="file_history",
+                description=(
+                    "List the changes made through the file tools (to `path` and below, or "
+                    "everywhere), oldest first, and how many versions restore_file can reach."
+                ),
+                handler=self.file_history,
+                parameters=_FILE_HISTORY_SCHEMA,
+                concurrent=True,
+                reads=self.folder_reads,
+            ),
+        ]
+
+    # -- resources (pass 1 calls these before validation: they never raise) --
+
+    def read_files_reads(self, args: Mapping[str, Any]) -> set[str]:
+        paths = args.get("paths")
+        if not isinstance(paths, list):
+            return set()
+        return {self.ws.key(p) for p in paths if isinstance(p, str)}
+
+    def folder_reads(self, args: Mapping[str, Any]) -> set[str]:
+        path = args.get("path", ".")
+        return {self.ws.key(path if isinstance(path, str) and path.strip() else ".")}
+
+    def path_writes(self, args: Mapping[str, Any]) -> set[str]:
+        path = args.get("path")
+        if not isinstance(path, str) or not path.strip():
+            return {"file:/"}  # arguments that will fail validation: assume the worst
+        return {self.ws.key(path)}
+
+    # -- handlers ---------------------------------------------------------------
+
+    def read_files(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
+        paths: list[str] = unique(args["paths"])
+        offset = int(args.get("offset") or 1)
+        limit = int(args.get("limit") or _DEFAULT_LIMIT)
+        targets = [self.ws.resolve(p) for p in paths]  # any escape fails the whole call
+        sections: list[str] = []
+        failures = 0
+        used = 0
+        for index, target in enumerate(targets):
+            try:
+                body = _read_window(target, offset, limit)
+            except ToolError as exc:
+                failures += 1
+                body = f"error: {exc.message}"
+            section = f"==> {self.ws.relative(target)} <==\n{body}"
+            if used + len(section) > _MAX_OUTPUT_CHARS:
+                rest = ", ".join(self.ws.relative(t) for t in targets[index:])
+                sections.append(
+                    f"[output cut at {_MAX_OUTPUT_CHARS} characters; not shown: {rest}. "
+                    "Read fewer files, or use offset and limit]"
+                )
+                break
+            used += len(section)
+            sections.append(section)
+        if failures == len(targets):
+            raise ToolError("\n".join(sections), retryable=False)
+        return "\n\n".join(sections)
+
+    def find_files(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
+        pattern: str = args["pattern"]
+        base = self.ws.resolve(args.get("path") or ".")
+        if not base.is_dir():
+            raise ToolError(f"{args.get('path')!r} is not a folder", retryable=False)
+        matcher = glob_to_regex(pattern)
+        skip_git = ".git" not in pattern
+        matches: list[str] = []
+        visited = 0
+        stopped = False
+        for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+            if skip_git and ".git" in dirnames:
+                dirnames.remove(".git")
+            dirnames.sort()
+            here = Path(dirpath)
+            rel_dir = here.relative_to(base).as_posix()
+            prefix = "" if rel_dir == "." else rel_dir + "/"
+            for name in dirnames:
+                if matcher.fullmatch(prefix + name):
+                    matches.append(self.ws.relative(here / name) + "/")
+            for name in filenames:
+                if matcher.fullmatch(prefix + name):
+                    matches.append(self.ws.relative(here / name))
+            visited += len(dirnames) + len(filenames)
+            if visited > _MAX_VISITED or len(matches) > _MAX_MATCHES:
+                stopped = True
+                break
+        where = self.ws.relative(base)
+        if not matches:
+            return f"no files match {pattern!r} under {where!r}"
+        matches.sort()
+        shown = matches[:_MAX_MATCHES]
+        lines = [f"{len(shown)} match(es) for {pattern!r} under {where!r}:", *shown]
+        if stopped:
+            lines.append(
+                "[stopped early: too many entries; narrow the pattern or the path]"
+            )
+        return "\n".join(lines)
+
+    def edit_file(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
+        path: str = args["path"]
+        old: str = args["old_string"]
+        new: str = args["new_string"]
+        replace_all = bool(args.get("replace_all", False))
+        target = self.ws.resolve(path)
+        rel = self.ws.relative(target)
+        who = _who(ctx)
+        with self.ws.lock:  # read, change and write as one step against other sessions
+            if not target.exists():
+                if old:
+                    raise ToolError(
+                        f"no such file: {rel!r} (to create it, pass an empty old_string)",
+                        retryable=False,
+                    )
+                data = new.encode("utf-8")
+                self.ws.write(target, data, action="create", **who)
+                return f"created {rel} ({len(data)} bytes, {_count_lines(new)} lines)"
+            if target.is_dir():
+                raise ToolError(f"{rel!r} is a folder, not a file", retryable=False)
+            text = _read_text_for_edit(target, rel, self.ws.max_backup_file_bytes)
+            if not old:
+                if text:
+                    raise ToolError(
+                        f"{rel!r} already exists and is not empty: old_string must quote "
+                        "the text to replace",
+                        retryable=False,
+                    )
+                self.ws.write(target, new.encode("utf-8"), action="edit", **who)
+                return f"wrote {rel} (it was empty; now {_count_lines(new)} lines)"
+            if old == new:
+                raise ToolError("old_string and new_string are the same: nothing to change",
+                                retryable=False)
+            count = text.count(old)
+            if count == 0 and "\r\n" in text and "\n" in old:
+                # The file uses CRLF line ends; the model wrote LF. Match in the file's style.
+                old, new = _crlf(old), _crlf(new)
+                count = text.count(old)
+            if count == 0:
+                raise ToolError(
+                    f"old_string was not found in {rel!r}; read the file and quote it exactly "
+                    "(whitespace and indentation included)",
+                    retryable=False,
+                )
+            if count > 1 and not replace_all:
+                raise ToolError(
+                    f"old_string occurs {count} times in {rel!r}; add surrounding lines to "
+                    "make it unique, or set replace_all",
+                    retryable=False,
+                )
+            first_at = text.index(old)
+            updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
+            self.ws.write(target, updated.encode("utf-8"), action="edit", **who)
+        replaced = count if replace_all else 1
+        return (
+            f"edited {rel}: replaced {replaced} occurrence(s)\n"
+            + _snippet(updated, first_at, len(new))
+        )
+
+    def remove_file(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
+        path: str = args["path"]
+        target = self.ws.resolve(path)
+        lexical = Path(path) if os.path.isabs(path) else self.ws.root / path
+        if lexical.is_symlink():
+            raise ToolError(
+                f"{path!r} is a symbolic link; remove_file removes regular files only",
+                retryable=False,
+            )
+        change = self.ws.remove(target, **_who(ctx))
+        return (
+            f"removed {change.path} ({change.size_before} bytes); "
+            "restore_file can bring it back"
+        )
+
+    def restore_file(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
+        target = self.ws.resolve(args["path"])
+        undone, _ = self.ws.restore(target, **_who(ctx))
+        left = self.ws.restorable(target)
+        when = _when(undone.at)
+        if undone.size_before is None:
+            outcome = f"removed {undone.path}: it did not exist before the {undone.action} at {when}"
+        else:
+            outcome = (
+                f"restored {undone.path} to its version before the {undone.action} at {when} "
+                f"({undone.size_before} bytes)"
+            )
+        return f"{outcome}; {left} earlier version(s) still kept"
+
+    def file_history(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
+        path = args.get("path")
+        under = self.ws.resolve(path) if path else None
+        changes = self.ws.history(under)
+        if not changes:
+            where = f" to {self.ws.relative(under)!r}" if under is not None else ""
+            return f"no changes made through the file tools{where}"
+        lines = [_render_change(c) for c in changes]
+        paths = unique(c.path for c in changes)
+        kept = [f"{p}: {self.ws.restorable(self.ws.root / p)}" for p in paths]
+        return "\n".join(
+            [f"{len(changes)} change(s), oldest first:", *lines,
+             "versions restore_file can reach:", *kept]
+        )
+
+
+# -- helpers ---------------------------------------------------------------------
+
+
+def _who(ctx: ToolContext) -> dict[str, str | None]:
+    session_id = getattr(ctx.session, "id", None)
+    return {"session_id": None if session_id is None else str(session_id), "call_id": ctx.call_id}
+
+
+def _read_window(target: Path, offset: int, limit: int) -> str:
+    """Lines `offset` .. `offset + limit - 1` of a text file, numbered like `cat -n`."""
+    if target.is_dir():
+        raise ToolError("is a folder; list it with find_files", retryable=False)
+    if target.exists() and not target.is_file():
+        # Opening a FIFO would wait for a writer forever.
+        raise ToolError("not a regular file (a pipe, socket or device)", retryable=False)
+    try:
+        with open(target, "rb") as raw:
+            head = raw.read(_BINARY_SNIFF_BYTES)
+        size = target.stat().st_size
+    except FileNotFoundError:
+        raise ToolError("no such file", retryable=False) from None
+    except OSError as exc:
+        raise ToolError(f"cannot read: {exc.strerror or exc}", retryable=False) from exc
+    if b"\x00" in head:
+        return f"[binary file, {size} bytes; not shown]"
+    if size == 0:
+        return "[empty file]"
+    out: list[str] = []
+    more = False
+    with open(target, encoding="utf-8", errors="replace", newline="") as text:
+        for number, line in enumerate(text, start=1):
+            if number < offset:
+                continue
+            if len(out) == limit:
+                more = True
+                break
+            line = line.rstrip("\r\n")
+            if len(line) > _MAX_LINE_CHARS:
+                line = line[:_MAX_LINE_CHARS] + f" [line cut at {_MAX_LINE_CHARS} characters]"
+            out.append(f"{number:6}\t{line}")
+    if not out:
+        return f"[the file has fewer than {offset} lines]"
+    if more:
+        out.append(f"[more lines follow: read again with offset={offset + limit}]")
+    return "\n".join(out)
+
+
+def _read_text_for_edit(target: Path, rel: str, max_bytes: int) -> str:
+    if not target.is_file():
+        raise ToolError(f"{rel!r} is not a regular file", retryable=False)
+    size = target.stat().st_size
+    if size > max_bytes:
+        raise ToolError(
+            f"{rel!r} is {size} bytes, over the {max_bytes}-byte limit of edit_file",
+            retryable=False,
+        )
+    data = target.read_bytes()
+    if b"\x00" in data[:_BINARY_SNIFF_BYTES]:
+        raise ToolError(f"{rel!r} is a binary file; edit_file edits text", retryable=False)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ToolError(
+            f"{rel!r} is not UTF-8 text (byte {exc.start}); edit_file edits UTF-8 files",
+            retryable=False,
+        ) from exc
+
+
+def _crlf(text: str) -> str:
+    return text.replace("\r\n", "\n").replace("\n", "\r\n")
+
+
+def _count_lines(text: str) -> int:
+    return text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+
+
+def _snippet(text: str, start: int, length: int) -> str:
+    """The lines around the first replacement, numbered, so the model sees the result."""
+    lines = text.splitlines()
+    first = text.count("\n", 0, start)
+    last = first + text.count("\n", start, start + length)
+    lo = max(0, first - 2)
+    hi = min(len(lines), max(last + 3, lo + 1), lo + _SNIPPET_LINES)
+    shown = [f"{n + 1:6}\t{lines[n]}" for n in range(lo, hi)]
+    return "\n".join(shown)
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def _render_change(c: Change) -> str:
+    before = "absent" if c.size_before is None else f"{c.size_before} B"
+    after = "absent" if c.size_after is None else f"{c.size_after} B"
+    by = f" (session {c.session_id}, call {c.call_id})" if c.session_id else ""
+    return f"#{c.seq} {_when(c.at)} {c.action} {c.path}: {before} -> {after}{by}"
+
+
+def glob_to_regex(pattern: str) -> re.Pattern[str]:
+    """Compile a glob over '/'-separated relative paths.
+
+    `*` and `?` never cross a '/', `[...]` is a character class (`[!...]` negated),
+    and a `**` segment matches any number of folders, none included. Names starting
+    with '.' match like any other. Raises ToolError for an absolute pattern or `..`.
+    """
+    if not isinstance(pattern, str) or not pattern.strip():
+        raise ToolError(f"a glob pattern must be a non-empty string, got {pattern!r}",
+                        retryable=False)
+    if pattern.startswith("/") or os.path.isabs(pattern):
+        raise ToolError(
+            f"the pattern must be relative to `path`, got {pattern!r}", retryable=False
+        )
+    segments = [s for s in pattern.split("/") if s not in ("", ".")]
+    if ".." in segments:
+        raise ToolError(f"the pattern may not contain '..', got {pattern!r}", retryable=False)
+    if not segments:
+        raise ToolError(f"the pattern matches nothing, got {pattern!r}", retryable=False)
+    out: list[str] = []
+    for i, segment in enumerate(segments):
+        last = i == len(segments) - 1
+        if segment == "**":
+            out.append(".*" if last else "(?:[^/]+/)*")
+            continue
+        out.append(_translate_segment(segment))
+        if not last:
+            out.append("/")
+    return re.compile("".join(out), re.DOTALL)
+
+
+def _translate_segment(segment: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(segment):
+        ch = segment[i]
+        if ch == "*":
+            out.append("[^/]*")
+        elif ch == "?":
+            out.append("[^/]")
+        elif ch == "[":
+            j = i + 1
+            if segment[j : j + 1] == "!":
+                j += 1
+            if segment[j : j + 1] == "]":  # a ']' first is a member, not the end
+                j += 1
+            end = segment.find("]", j)
+            if end == -1:
+                out.append(re.escape(ch))
+            else:
+                body = segment[i + 1 : end]
+                negate = body.startswith("!")
+                if negate:
+                    body = body[1:]
+                # Escape all but '-' so ranges work and nothing reads as a nested set.
+                members = "".join(c if c == "-" else re.escape(c) for c in body)
+                out.append(f"[{'^' if negate else ''}{members}]")
+                i = end
+        else:
+            out.append(re.escape(ch))
+        i += 1
+    return "".join(out)
+
+
+# -- schemas ---------------------------------------------------------------------
+
+_READ_FILES_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "paths": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "minItems": 1,
+            "maxItems": 50,
+            "description": "Files to read, relative to the workspace.",
+        },
+        "offset": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "First line to show (1-based). Default 1.",
+        },
+        "limit": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 10_000,
+            "description": f"How many lines to show from each file. Default {_DEFAULT_LIMIT}.",
+        },
+    },
+    "required": ["paths"],
+    "additionalProperties": False,
+}
+
+_FIND_FILES_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "pattern": {
+            "type": "string",
+            "minLength": 1,
+            "description": "Glob relative to `path`, e.g. '**/*.py' or 'src/*.md'.",
+        },
+        "path": {
+            "type": "string",
+            "default": ".",
+            "description": "Folder to search from, relative to the workspace.",
+        },
+    },
+    "required": ["pattern"],
+    "additionalProperties": False,
+}
+
+_EDIT_FILE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string", "minLength": 1, "description": "File, relative to the workspace."},
+        "old_string": {
+            "type": "string",
+            "description": "Exact text to replace; empty to create a new file.",
+        },
+        "new_string": {"type": "string", "description": "The replacement text."},
+        "replace_all": {
+            "type": "boolean",
+            "default": False,
+            "description": "Replace every occurrence instead of exactly one.",
+        },
+    },
+    "required": ["path", "old_string", "new_string"],
+    "additionalProperties": False,
+}
+
+_PATH_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string", "minLength": 1, "description": "File, relative to the workspace."},
+    },
+    "required": ["path"],
+    "additionalProperties": False,
+}
+
+_FILE_HISTORY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "path": {
+            "type": "string",
+            "description": "A file or folder to limit the history to; all changes if omitted.",
+        },
+    },
+    "additionalProperties": False,
+}

@@ -1,0 +1,534 @@
+"""The web tools: `fetch_page`, `search_web`, `http_request`, `download_file`.
+
+All use `httpx.AsyncClient`, which runs on trio through anyio. A client lives for one
+call: a pooled connection belongs to the event loop that opened it, and a registry
+outlives any one `trio.run`. Only http and https URLs are accepted, redirects are
+followed (at most 10), and every body is read as a stream with a byte limit, so a
+huge or endless response costs no more than the limit. Nothing from the dispatcher's
+passes may be imported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import trio
+import xxhash
+
+from cache import CachePolicy
+from dispatcher._exceptions import ToolError
+from dispatcher._registry import Tool
+from dispatcher._types import ToolContext
+
+from ._html import html_to_text
+from ._workspace import Workspace, staging_path
+
+__all__ = ["DOWNLOAD_TIMEOUT", "SEARCH_URL_ENV", "WebTools", "resource_url", "web_tools"]
+
+SEARCH_URL_ENV = "THREEPASS_SEARCH_URL"
+USER_AGENT = "threepass/0.1 (+https://pypi.org/project/threepass/)"
+DOWNLOAD_TIMEOUT = 600.0
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_METHODS = ["GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE"]
+_RETRYABLE_STATUS = frozenset({408, 425, 429})
+_MIB = 1024 * 1024
+
+
+def web_tools(workspace: Workspace, *, search_url: str | None = None) -> list[Tool]:
+    """The web tools; `download_file` saves into `workspace`. `search_url` is the
+    SearXNG-compatible endpoint (else the THREEPASS_SEARCH_URL environment variable)."""
+    return WebTools(workspace, search_url=search_url).tools()
+
+
+def resource_url(url: object) -> str:
+    """The resource key of a URL: `url:` and the URL without query or fragment, so a write
+    to a path invalidates reads of it whatever their query. Never raises."""
+    text = url if isinstance(url, str) else ""
+    cut = len(text)
+    for mark in ("?", "#"):
+        at = text.find(mark)
+        if at != -1:
+            cut = min(cut, at)
+    return f"url:{text[:cut]}"
+
+
+class WebTools:
+    """The web tools' handlers, with their limits. `request_timeout` is seconds per
+    network step (connect, each read)."""
+
+    def __init__(
+        self,
+        workspace: Workspace,
+        *,
+        search_url: str | None = None,
+        max_page_bytes: int = 5 * _MIB,
+        max_page_chars: int = 100_000,
+        max_response_bytes: int = 1 * _MIB,
+        max_download_bytes: int = 100 * _MIB,
+        request_timeout: float = 30.0,
+    ) -> None:
+        self.ws = workspace
+        self.search_url = search_url
+        self.max_page_bytes = max_page_bytes
+        self.max_page_chars = max_page_chars
+        self.max_response_bytes = max_response_bytes
+        self.max_download_bytes = max_download_bytes
+        self.request_timeout = request_timeout
+        self._ssl_context: ssl.SSLContext | None = None
+
+    def tools(self) -> list[Tool]:
+        return [
+            Tool(
+                name="fetch_page",
+                description=(
+                    "Fetch a web page (http or https) and return its readable text: HTML is "
+                    "reduced to text with [links](url); other text types come back as they are."
+                ),
+                handler=self.fetch_page,
+                parameters=_FETCH_PAGE_SCHEMA,
+                concurrent=True,
+                cache=CachePolicy(scope="shared"),
+                reads=_url_reads,
+            ),
+            Tool(
+                name="search_web",
+                description="Search the web; return titles, URLs and snippets of the top results.",
+                handler=self.search_web,
+                parameters=_SEARCH_WEB_SCHEMA,
+                concurrent=True,
+                cache=CachePolicy(scope="session"),
+            ),
+            Tool(
+                name="http_request",
+                description=(
+                    "Send one HTTP request and return the status, headers and body. `body` is "
+                    "sent as is (a string) or as JSON (an object or array). Methods other than "
+                    "GET, HEAD and OPTIONS need confirmation."
+                ),
+                handler=self.http_request,
+                parameters=_HTTP_REQUEST_SCHEMA,
+                concurrent=True,
+                confirm=_unsafe_method,
+                cache=CachePolicy(scope="session", when=_is_get),
+                reads=_url_reads,
+                writes=_request_writes,
+            ),
+            Tool(
+                name="download_file",
+                description=(
+                    "Download a URL into a file in the workspace (replacing it if it exists; "
+                    "restore_file undoes that)."
+                ),
+                handler=self.download_file,
+                parameters=_DOWNLOAD_FILE_SCHEMA,
+                # Side by side with other calls: pass 2 starts a new group when a call
+                # reads or writes the file it writes, so program order still holds.
+                concurrent=True,
+                # Large files over slow links take longer than the dispatcher's default.
+                timeout=DOWNLOAD_TIMEOUT,
+                reads=_url_reads,
+                writes=self.download_writes,
+            ),
+        ]
+
+    def download_writes(self, args: Mapping[str, Any]) -> set[str]:
+        path = args.get("path")
+        if not isinstance(path, str) or not path.strip():
+            return {"file:/"}  # arguments that will fail validation: assume the worst
+        return {self.ws.key(path)}
+
+    # -- handlers ---------------------------------------------------------------
+
+    async def fetch_page(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
+        url = _checked_url(args["url"])
+        async with (
+            self._client() as client,
+            _network_errors(url),
+            client.stream("GET", url) as response,
+        ):
+            data, cut = await _read_bounded(response, self.max_page_bytes)
+        _raise_for_status(response, "GET", data)
+        content_type = response.headers.get("content-type", "")
+        if not _is_text(content_type, data):
+            raise ToolError(
+                f"{url} is not a text page (content-type {content_type or 'unknown'!r}, "
+                f"{len(data)}{'+' if cut else ''} bytes); use download_file to save it",
+                retryable=False,
+            )
+        text = data.decode(response.encoding or "utf-8", errors="replace")
+        final_url = str(response.url)
+        header = [f"URL: {final_url}"]
+        if _is_html(content_type, text):
+            # Parsing megabytes of HTML takes a while: not on the trio thread.
+            title, text = await trio.to_thread.run_sync(html_to_text, text, final_url)
+            if title:
+                header.append(f"Title: {title}")
+        if len(text) > self.max_page_chars:
+            text = text[: self.max_page_chars]
+            cut = True
+        if cut:
+            text += "\n[page cut: longer than this tool returns]"
+        return "\n".join(header) + "\n\n" + text
+
+    async def search_web(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
+        endpoint = self.search_url or os.environ.get(SEARCH_URL_ENV)
+        if not endpoint:
+            raise ToolError(f"no search endpoint configured: set {SEARCH_URL_ENV}", retryable=False)
+        endpoint = _checked_url(endpoint)
+        query: str = args["query"]
+        limit = int(args.get("limit") or 5)
+        async with (
+            self._client() as client,
+            _network_errors(endpoint),
+            client.stream("GET", endpoint, params={"q": query, "format": "json"}) as response,
+        ):
+            data, cut = await _read_bounded(response, self.max_response_bytes)
+        _raise_for_status(response, "GET", data)
+        try:
+            if cut:
+                raise ValueError("response too large")
+            payload = json.loads(data)
+            results = payload["results"]
+            if not isinstance(results, list):
+                raise TypeError("results is not a list")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ToolError(
+                f"the search endpoint did not answer with JSON results ({exc})", retryable=True
+            ) from exc
+        lines: list[str] = []
+        shown = 0
+        for item in results:
+            if shown == limit:
+                break
+            if not isinstance(item, Mapping) or not item.get("url"):
+                continue
+            shown += 1
+            lines.append(f"{shown}. {_one_line(item.get('title')) or '(no title)'}")
+            lines.append(f"   {item['url']}")
+            snippet = _one_line(item.get("content"), 300)
+            if snippet:
+                lines.append(f"   {snippet}")
+        if not lines:
+            return f"no results for {query!r}"
+        return "\n".join(lines)
+
+    async def http_request(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
+        method = str(args.get("method") or "GET").upper()
+        url = _checked_url(args["url"])
+        headers = {str(k): str(v) for k, v in (args.get("headers") or {}).items()}
+        params = {str(k): _param(v) for k, v in (args.get("params") or {}).items()}
+        body = args.get("body")
+        send: dict[str, Any] = {}
+        if isinstance(body, str):
+            send["content"] = body.encode("utf-8")
+        elif body is not None:
+            send["json"] = body
+        # Added to the URL's own query (httpx's `params=` would replace it).
+        target = httpx.URL(url).copy_merge_params(params) if params else httpx.URL(url)
+        async with (
+            self._client() as client,
+            _network_errors(url),
+            client.stream(method, target, headers=headers, **send) as response,
+        ):
+            data, cut = await _read_bounded(response, self.max_response_bytes)
+        _raise_for_status(response, method, data)
+        lines = [f"{response.http_version} {response.status_code} {response.reason_phrase}"]
+        lines.extend(f"{name}: {value}" for name, value in response.headers.multi_items())
+        if response.history:
+            lines.append(f"(after {len(response.history)} redirect(s), from {response.url})")
+        content_type = response.headers.get("content-type", "")
+        if method == "HEAD" or not data:
+            return "\n".join(lines)
+        if _is_text(content_type, data):
+            text = data.decode(response.encoding or "utf-8", errors="replace")
+            if cut:
+                text += f"\n[body cut at {self.max_response_bytes} bytes]"
+        else:
+            text = (
+                f"[{len(data)}{'+' if cut else ''} bytes of {content_type or 'binary data'} "
+                "not shown; use download_file to save it]"
+            )
+        return "\n".join(lines) + "\n\n" + text
+
+    async def download_file(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
+        url = _checked_url(args["url"])
+        target = self.ws.resolve(args["path"])
+        rel = self.ws.relative(target)
+        if target.is_dir():
+            raise ToolError(f"{rel!r} is a folder; give a file path", retryable=False)
+        await trio.Path(target.parent).mkdir(parents=True, exist_ok=True)
+        staged = staging_path(target)
+        digest = xxhash.xxh3_128()
+        size = 0
+        installed = False
+        try:
+            async with (
+                self._client() as client,
+                _network_errors(url),
+                client.stream("GET", url) as response,
+            ):
+                if response.status_code >= 400:
+                    data, _ = await _read_bounded(response, 4096)
+                    _raise_for_status(response, "GET", data)
+                declared = response.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > self.max_download_bytes:
+                    raise _too_large(url, self.max_download_bytes)
+                async with (
+                    await trio.open_file(staged, "xb") as out,
+                    _body_chunks(response) as chunks,
+                ):
+                    async for chunk in chunks:
+                        size += len(chunk)
+                        if size > self.max_download_bytes:
+                            raise _too_large(url, self.max_download_bytes)
+                        digest.update(chunk)
+                        await out.write(chunk)
+                content_type = response.headers.get("content-type", "unknown")
+                final_url = str(response.url)
+            session_id = getattr(ctx.session, "id", None)
+            await trio.to_thread.run_sync(
+                lambda: self.ws.install(
+                    target,
+                    staged,
+                    digest=digest.hexdigest(),
+                    size=size,
+                    action="download",
+                    session_id=None if session_id is None else str(session_id),
+                    call_id=ctx.call_id,
+                )
+            )
+            installed = True
+        finally:
+            if not installed:
+                with trio.CancelScope(shield=True):
+                    await trio.Path(staged).unlink(missing_ok=True)
+        return f"saved {size} bytes ({content_type}) from {final_url} to {rel}"
+
+    # -- internals ---------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _client(self) -> AsyncIterator[httpx.AsyncClient]:
+        if self._ssl_context is None:
+            # Loading the CA bundle takes a tenth of a second: once, off the trio thread.
+            self._ssl_context = await trio.to_thread.run_sync(httpx.create_ssl_context)
+        async with httpx.AsyncClient(
+            verify=self._ssl_context,
+            follow_redirects=True,
+            max_redirects=10,
+            timeout=httpx.Timeout(self.request_timeout),
+            headers={"User-Agent": USER_AGENT},
+        ) as client:
+            yield client
+
+
+# -- helpers ---------------------------------------------------------------------
+
+
+def _checked_url(url: object) -> str:
+    if not isinstance(url, str):
+        raise ToolError(f"a URL must be a string, got {url!r}", retryable=False)
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        raise ToolError(f"not a valid URL: {url!r} ({exc})", retryable=False) from exc
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ToolError(f"only http and https URLs with a host are allowed, got {url!r}",
+                        retryable=False)
+    return url
+
+
+@asynccontextmanager
+async def _network_errors(url: str) -> AsyncIterator[None]:
+    """Turn httpx's transport failures into ToolErrors that say what to do."""
+    try:
+        yield
+    except httpx.TooManyRedirects as exc:
+        raise ToolError(f"too many redirects from {url}", retryable=False) from exc
+    except httpx.TimeoutException as exc:
+        raise ToolError(f"timed out talking to {url} ({type(exc).__name__})") from exc
+    except httpx.UnsupportedProtocol as exc:
+        raise ToolError(f"unsupported protocol for {url}: {exc}", retryable=False) from exc
+    except httpx.HTTPError as exc:
+        raise ToolError(f"request to {url} failed: {type(exc).__name__}: {exc}") from exc
+
+
+@asynccontextmanager
+async def _body_chunks(response: httpx.Response) -> AsyncIterator[AsyncIterator[bytes]]:
+    """The (decoded) body's chunks, safe to leave early.
+
+    httpx reads a body through a chain of async generators, and closing the outer one
+    leaves the inner ones half-run for the garbage collector (httpx issue #3686). So on
+    the way out the response is closed and the chain driven to its end: the next read
+    fails inside the innermost generator, and the failure finishes every one of them.
+    """
+    chunks = response.aiter_bytes()
+    try:
+        yield chunks
+    finally:
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + 1):
+            await response.aclose()
+            with contextlib.suppress(Exception):
+                async for _ in chunks:
+                    pass
+
+
+async def _read_bounded(response: httpx.Response, limit: int) -> tuple[bytes, bool]:
+    """At most `limit` bytes of the (decoded) body, and whether there was more."""
+    buffer = bytearray()
+    async with _body_chunks(response) as chunks:
+        async for chunk in chunks:
+            room = limit - len(buffer)
+            if len(chunk) > room:
+                buffer += chunk[:room]
+                return bytes(buffer), True
+            buffer += chunk
+    return bytes(buffer), False
+
+
+def _raise_for_status(response: httpx.Response, method: str, body: bytes) -> None:
+    status = response.status_code
+    if status < 400:
+        return
+    excerpt = body[:2000].decode("utf-8", errors="replace").strip()
+    message = f"HTTP {status} {response.reason_phrase} from {method} {response.url}"
+    if excerpt:
+        message += f"\n{excerpt}"
+    raise ToolError(message, retryable=status >= 500 or status in _RETRYABLE_STATUS)
+
+
+def _too_large(url: str, limit: int) -> ToolError:
+    return ToolError(f"{url} is larger than the {limit}-byte download limit", retryable=False)
+
+
+def _is_text(content_type: str, data: bytes) -> bool:
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if not kind:
+        return b"\x00" not in data[:4096]
+    if kind.startswith("text/") or kind.endswith(("+json", "+xml")):
+        return True
+    return kind in {
+        "application/json",
+        "application/xml",
+        "application/javascript",
+        "application/ecmascript",
+        "application/x-javascript",
+        "application/x-www-form-urlencoded",
+        "application/x-ndjson",
+        "application/yaml",
+        "application/x-yaml",
+        "application/toml",
+    }
+
+
+def _is_html(content_type: str, text: str) -> bool:
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind in ("text/html", "application/xhtml+xml"):
+        return True
+    if kind:
+        return False
+    start = text.lstrip()[:100].lower()
+    return start.startswith(("<!doctype html", "<html"))
+
+
+def _one_line(value: object, limit: int = 200) -> str:
+    text = " ".join(str(value or "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _param(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _url_reads(args: Mapping[str, Any]) -> set[str]:
+    url = args.get("url")
+    return {resource_url(url)} if isinstance(url, str) else set()
+
+
+def _method(args: Mapping[str, Any]) -> str:
+    return str(args.get("method") or "GET").upper()
+
+
+def _unsafe_method(args: Mapping[str, Any]) -> bool:
+    return _method(args) not in _SAFE_METHODS
+
+
+def _is_get(args: Mapping[str, Any]) -> bool:
+    return _method(args) == "GET"
+
+
+def _request_writes(args: Mapping[str, Any]) -> set[str]:
+    if _method(args) in _SAFE_METHODS:
+        return set()
+    url = args.get("url")
+    return {resource_url(url)} if isinstance(url, str) else {"url:"}
+
+
+# -- schemas ---------------------------------------------------------------------
+
+_URL = {"type": "string", "minLength": 1, "description": "An http or https URL."}
+
+_FETCH_PAGE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"url": _URL},
+    "required": ["url"],
+    "additionalProperties": False,
+}
+
+_SEARCH_WEB_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "query": {"type": "string", "minLength": 1, "description": "What to search for."},
+        "limit": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 20,
+            "default": 5,
+            "description": "How many results to return.",
+        },
+    },
+    "required": ["query"],
+    "additionalProperties": False,
+}
+
+_HTTP_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "method": {"type": "string", "enum": _METHODS, "default": "GET"},
+        "url": _URL,
+        "headers": {
+            "type": "object",
+            "additionalProperties": {"type": "string"},
+            "description": "Request headers.",
+        },
+        "params": {
+            "type": "object",
+            "additionalProperties": {"type": ["string", "number", "boolean"]},
+            "description": "Query parameters added to the URL.",
+        },
+        "body": {
+            "type": ["string", "object", "array"],
+            "description": "Request body: a string as is, an object or array as JSON.",
+        },
+    },
+    "required": ["url"],
+    "additionalProperties": False,
+}
+
+_DOWNLOAD_FILE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "url": _URL,
+        "path": {"type": "string", "minLength": 1, "description": "File, relative to the workspace."},
+    },
+    "required": ["url", "path"],
+    "additionalProperties": False,
+}

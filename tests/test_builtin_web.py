@@ -1,0 +1,409 @@
+"""The web tools against a real HTTP server on 127.0.0.1, started by these tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+import trio
+
+from builtin_tools import default_registry
+from builtin_tools._html import html_to_text
+from builtin_tools._workspace import Workspace
+from builtin_tools.files import FileTools
+from builtin_tools.web import SEARCH_URL_ENV, WebTools, resource_url
+from dispatcher._exceptions import ToolError
+from dispatcher._types import ToolContext
+
+PAGE = b"""<!doctype html>
+<html><head><title>The &amp; Page</title><style>body { color: red }</style>
+<script>var secret = "do not show";</script></head>
+<body><h1>Welcome</h1><p>First   paragraph
+with <a href="/next">a link</a> and <b>bold</b> text.</p>
+<ul><li>one</li><li>two</li></ul><pre>  keep   spacing</pre></body></html>"""
+FILE_BYTES = bytes(range(256)) * 64  # 16 KiB
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # keep test output clean
+
+    def _send(self, status: int, body: bytes, content_type: str, **headers: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in headers.items():
+            self.send_header(name.replace("_", "-"), value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _route(self) -> None:
+        parts = urlsplit(self.path)
+        query = parse_qs(parts.query)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        path = parts.path
+        if path == "/page":
+            self._send(200, PAGE, "text/html; charset=utf-8")
+        elif path == "/plain":
+            self._send(200, b"just text\n  indented", "text/plain")
+        elif path == "/redirect":
+            self._send(302, b"", "text/plain", Location="/page")
+        elif path == "/loop":
+            self._send(302, b"", "text/plain", Location="/loop")
+        elif path == "/big":
+            self._send(200, b"x" * 200_000, "text/plain")
+        elif path == "/image":
+            self._send(200, b"\x89PNG\r\n\x1a\n\x00\x00", "image/png")
+        elif path == "/file.bin":
+            self._send(200, FILE_BYTES, "application/octet-stream")
+        elif path.startswith("/status/"):
+            code = int(path.rsplit("/", 1)[1])
+            self._send(code, f"problem {code}".encode(), "text/plain")
+        elif path == "/slow":
+            time.sleep(1.0)
+            self._send(200, b"late", "text/plain")
+        elif path == "/search":
+            q = query.get("q", [""])[0]
+            if query.get("format") != ["json"]:
+                self._send(400, b"format=json required", "text/plain")
+            elif q == "broken":
+                self._send(200, b"<html>not json</html>", "text/html")
+            else:
+                results = [
+                    {"title": f"Result {n} for {q}", "url": f"https://example.org/{n}",
+                     "content": f"snippet {n}"}
+                    for n in range(1, 9)
+                ]  # fmt: skip
+                self._send(200, json.dumps({"results": results}).encode(), "application/json")
+        elif path == "/echo":
+            echo = {
+                "method": self.command,
+                "path": path,
+                "query": parse_qs(parts.query),
+                "headers": {k.lower(): v for k, v in self.headers.items()},
+                "body": body.decode("utf-8", errors="replace"),
+            }
+            self._send(200, json.dumps(echo).encode(), "application/json")
+        else:
+            self._send(404, b"not found", "text/plain")
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _route
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that stops reading early resets the connection: expected here
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    httpd = _Server(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+
+class _Session:
+    """The few session attributes a handler may touch."""
+
+    def __init__(self) -> None:
+        self.id = "s1"
+        self.state: dict[str, Any] = {}
+        self.history: list[Any] = []
+        self.dispatcher = None
+
+
+def _ctx(name: str) -> ToolContext:
+    return ToolContext(call_id="call_1", tool_name=name, session=_Session(), run_id=1, round=1)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def web(ws: Path, server: str) -> WebTools:
+    return WebTools(Workspace(ws), search_url=f"{server}/search")
+
+
+async def _call(web: WebTools, name: str, **args: Any) -> str:
+    with trio.fail_after(10):
+        return str(await getattr(web, name)(args, _ctx(name)))
+
+
+# -- fetch_page ---------------------------------------------------------------------------
+
+
+async def test_fetch_page_reduces_html_to_readable_text(web: WebTools, server: str) -> None:
+    """HTML becomes text: title, headings, lists, absolute links; no script or style."""
+    out = await _call(web, "fetch_page", url=f"{server}/page")
+    assert out.startswith(f"URL: {server}/page\nTitle: The & Page\n\n# Welcome")
+    assert f"First paragraph with [a link]({server}/next) and bold text." in out
+    assert "- one\n- two" in out
+    assert "  keep   spacing" in out
+    assert "secret" not in out and "color" not in out
+
+
+async def test_fetch_page_follows_redirects(web: WebTools, server: str) -> None:
+    """A redirect is followed and the final URL is reported."""
+    out = await _call(web, "fetch_page", url=f"{server}/redirect")
+    assert out.startswith(f"URL: {server}/page\n")
+
+
+async def test_fetch_page_returns_plain_text_as_is(web: WebTools, server: str) -> None:
+    """A text/plain page is returned unchanged."""
+    out = await _call(web, "fetch_page", url=f"{server}/plain")
+    assert out == f"URL: {server}/plain\n\njust text\n  indented"
+
+
+async def test_fetch_page_reads_at_most_its_byte_limit(ws: Path, server: str) -> None:
+    """A body over the limit is cut at the limit and marked."""
+    web = WebTools(Workspace(ws), max_page_bytes=1000)
+    out = await _call(web, "fetch_page", url=f"{server}/big")
+    assert "x" * 1000 in out and "x" * 1001 not in out
+    assert out.endswith("[page cut: longer than this tool returns]")
+
+
+async def test_fetch_page_http_errors(web: WebTools, server: str) -> None:
+    """A 4xx fails for good, a 5xx may be retried; both show the status and body."""
+    with pytest.raises(ToolError, match="HTTP 404 Not Found") as missing:
+        await _call(web, "fetch_page", url=f"{server}/status/404")
+    assert missing.value.retryable is False and "problem 404" in missing.value.message
+    with pytest.raises(ToolError, match="HTTP 503") as down:
+        await _call(web, "fetch_page", url=f"{server}/status/503")
+    assert down.value.retryable is True
+
+
+async def test_fetch_page_refuses_binary_content(web: WebTools, server: str) -> None:
+    """A non-text response is refused with a pointer to download_file."""
+    with pytest.raises(ToolError, match=r"not a text page.*image/png.*download_file"):
+        await _call(web, "fetch_page", url=f"{server}/image")
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://example.org/x", "not a url", "http://"])
+async def test_only_http_and_https_urls(web: WebTools, url: str) -> None:
+    """Any other scheme, or a URL without a host, is refused before any request."""
+    with pytest.raises(ToolError) as info:
+        await _call(web, "fetch_page", url=url)
+    assert info.value.retryable is False
+    assert repr(url) in info.value.message
+
+
+async def test_redirect_loops_stop(web: WebTools, server: str) -> None:
+    """A redirect loop ends in a non-retryable error."""
+    with pytest.raises(ToolError, match="too many redirects") as info:
+        await _call(web, "fetch_page", url=f"{server}/loop")
+    assert info.value.retryable is False
+
+
+async def test_slow_server_times_out_as_retryable(ws: Path, server: str) -> None:
+    """A server slower than the request timeout gives a retryable error."""
+    web = WebTools(Workspace(ws), request_timeout=0.2)
+    with pytest.raises(ToolError, match="timed out") as info:
+        await _call(web, "fetch_page", url=f"{server}/slow")
+    assert info.value.retryable is True
+
+
+async def test_connection_refused_is_retryable(web: WebTools) -> None:
+    """Nobody listening is an ordinary, retryable failure."""
+    with pytest.raises(ToolError, match="ConnectError") as info:
+        await _call(web, "fetch_page", url="http://127.0.0.1:1/")
+    assert info.value.retryable is True
+
+
+# -- search_web -----------------------------------------------------------------------------
+
+
+async def test_search_web_renders_the_top_results(web: WebTools) -> None:
+    """Results come back numbered with title, URL and snippet, at most `limit` of them."""
+    out = await _call(web, "search_web", query="trio nursery", limit=2)
+    assert out.splitlines() == [
+        "1. Result 1 for trio nursery",
+        "   https://example.org/1",
+        "   snippet 1",
+        "2. Result 2 for trio nursery",
+        "   https://example.org/2",
+        "   snippet 2",
+    ]
+
+
+async def test_search_web_reads_the_endpoint_from_the_environment(
+    ws: Path, server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without search_url the THREEPASS_SEARCH_URL variable names the endpoint, read per call."""
+    web = WebTools(Workspace(ws))
+    monkeypatch.delenv(SEARCH_URL_ENV, raising=False)
+    with pytest.raises(ToolError) as info:
+        await _call(web, "search_web", query="x")
+    assert info.value.message == "no search endpoint configured: set THREEPASS_SEARCH_URL"
+    assert info.value.retryable is False
+    monkeypatch.setenv(SEARCH_URL_ENV, f"{server}/search")
+    assert "Result 1 for x" in await _call(web, "search_web", query="x")
+
+
+async def test_search_web_reports_a_non_json_answer(web: WebTools) -> None:
+    """An endpoint that does not answer with JSON results is a clear failure."""
+    with pytest.raises(ToolError, match="did not answer with JSON results"):
+        await _call(web, "search_web", query="broken")
+
+
+# -- http_request ------------------------------------------------------------------------
+
+
+async def test_http_request_sends_method_headers_params_and_json(web: WebTools, server: str) -> None:
+    """The request goes out as given; the result shows status, headers and body."""
+    out = await _call(
+        web,
+        "http_request",
+        method="POST",
+        url=f"{server}/echo?a=1",
+        headers={"X-Test": "yes"},
+        params={"b": 2, "flag": True},
+        body={"k": [1, 2]},
+    )
+    head, _, body = out.partition("\n\n")
+    assert head.startswith("HTTP/1.1 200 OK\n")
+    assert "content-type: application/json" in head.lower()
+    echo = json.loads(body)
+    assert echo["method"] == "POST"
+    assert echo["query"] == {"a": ["1"], "b": ["2"], "flag": ["true"]}
+    assert echo["headers"]["x-test"] == "yes"
+    assert echo["headers"]["content-type"] == "application/json"
+    assert json.loads(echo["body"]) == {"k": [1, 2]}
+
+
+async def test_http_request_string_body_and_head(web: WebTools, server: str) -> None:
+    """A string body is sent verbatim; HEAD returns the status and headers only."""
+    out = await _call(web, "http_request", method="PUT", url=f"{server}/echo", body="raw text")
+    assert json.loads(out.partition("\n\n")[2])["body"] == "raw text"
+    head = await _call(web, "http_request", method="HEAD", url=f"{server}/plain")
+    assert head.startswith("HTTP/1.1 200 OK") and "\n\n" not in head
+
+
+async def test_http_request_error_status_fails_with_the_body(web: WebTools, server: str) -> None:
+    """A 4xx answer is a failure whose message carries the response body."""
+    with pytest.raises(ToolError, match=r"HTTP 404.*\nproblem 404"):
+        await _call(web, "http_request", url=f"{server}/status/404")
+
+
+async def test_http_request_bounds_and_describes_bodies(ws: Path, server: str) -> None:
+    """A long text body is cut at the limit; a binary one is described, not dumped."""
+    web = WebTools(Workspace(ws), max_response_bytes=500)
+    out = await _call(web, "http_request", url=f"{server}/big")
+    assert out.endswith("x" * 500 + "\n[body cut at 500 bytes]")
+    out = await _call(web, "http_request", url=f"{server}/image")
+    assert "[10 bytes of image/png not shown; use download_file to save it]" in out
+
+
+async def test_http_request_reports_redirects(web: WebTools, server: str) -> None:
+    """A followed redirect is mentioned with the final URL."""
+    out = await _call(web, "http_request", url=f"{server}/redirect")
+    assert f"(after 1 redirect(s), from {server}/page)" in out
+
+
+# -- download_file ----------------------------------------------------------------------------
+
+
+async def test_download_file_saves_the_exact_bytes_and_can_be_undone(
+    ws: Path, web: WebTools, server: str
+) -> None:
+    """The file lands in the workspace byte for byte; restore_file puts back the old one."""
+    (ws / "data").mkdir()
+    (ws / "data/file.bin").write_bytes(b"old")
+    out = await _call(web, "download_file", url=f"{server}/file.bin", path="data/file.bin")
+    assert (ws / "data/file.bin").read_bytes() == FILE_BYTES
+    assert out == (
+        f"saved {len(FILE_BYTES)} bytes (application/octet-stream) from {server}/file.bin "
+        "to data/file.bin"
+    )
+    FileTools(web.ws).restore_file({"path": "data/file.bin"}, _ctx("restore_file"))
+    assert (ws / "data/file.bin").read_bytes() == b"old"
+    assert [p.name for p in (ws / "data").iterdir()] == ["file.bin"]  # no staging file left
+
+
+async def test_download_file_over_the_limit_leaves_nothing(ws: Path, server: str) -> None:
+    """A download past its byte limit fails and leaves no file, partial or final."""
+    web = WebTools(Workspace(ws), max_download_bytes=1000)
+    with pytest.raises(ToolError, match="larger than the 1000-byte download limit"):
+        await _call(web, "download_file", url=f"{server}/file.bin", path="f.bin")
+    assert await trio.to_thread.run_sync(os.listdir, ws) == []
+
+
+async def test_download_file_errors_leave_nothing(ws: Path, web: WebTools, server: str) -> None:
+    """An HTTP error or a path outside the workspace writes nothing."""
+    with pytest.raises(ToolError, match="HTTP 404"):
+        await _call(web, "download_file", url=f"{server}/status/404", path="f.bin")
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await _call(web, "download_file", url=f"{server}/file.bin", path="../f.bin")
+    assert await trio.to_thread.run_sync(os.listdir, ws.parent) == ["ws"]
+
+
+# -- flags and resources ----------------------------------------------------------------------
+
+
+def test_web_tool_flags(ws: Path) -> None:
+    """Caching, confirmation and resources follow the design's table."""
+    reg = default_registry(ws, include=["web"])
+    fetch, search = reg.get("fetch_page"), reg.get("search_web")
+    http, download = reg.get("http_request"), reg.get("download_file")
+    assert fetch.cache is not None and fetch.cache.scope == "shared" and fetch.concurrent is True
+    assert search.cache is not None and search.cache.scope == "session" and search.concurrent is True
+    assert http.cache is not None and http.cache.scope == "session" and http.cache.when is not None
+    assert http.cache.when({"method": "GET", "url": "https://a"}) is True
+    assert http.cache.when({"method": "POST", "url": "https://a"}) is False
+    assert callable(http.confirm) and http.writes is not None and http.reads is not None
+    for method, confirmed in [("GET", False), ("HEAD", False), ("OPTIONS", False),
+                              ("POST", True), ("DELETE", True), ("patch", True)]:  # fmt: skip
+        assert http.confirm({"method": method, "url": "https://a/b"}) is confirmed
+        assert http.writes({"method": method, "url": "https://a/b?x=1"}) == (
+            {"url:https://a/b"} if confirmed else set()
+        )
+    assert http.reads({"url": "https://a/b?x=1#f"}) == {"url:https://a/b"}
+    assert download.confirm is False and download.concurrent is True and download.writes is not None
+    assert download.writes({"url": "https://a", "path": "x/y.bin"}) == {
+        f"file:{Path(ws).resolve()}/x/y.bin"
+    }
+
+
+def test_html_to_text_keeps_content_and_drops_the_rest() -> None:
+    """Nested skipped elements vanish; only http(s) links are written out; entities decode."""
+    title, text = html_to_text(
+        "<title>T</title><div><noscript><p>hidden <b>deep</b></p></noscript>"
+        "<p>a&nbsp;&lt;b&gt; <a href='javascript:void(0)'>click</a> "
+        "<a href='https://x.org/'>site</a> <a href='#top'>top</a></p>"
+        "<table><tr><th>k</th><td>v</td></tr></table><br>end</div>",
+        "https://base.example/dir/",
+    )
+    assert title == "T"
+    assert text == "a <b> click [site](https://x.org/) top\n\nk v\n\nend"
+    _, text = html_to_text('<p>see <a href="../up.html">up</a></p>', "https://h.example/d/x.html")
+    assert text == "see [up](https://h.example/up.html)"
+
+
+def test_resource_url_drops_query_and_fragment() -> None:
+    """A URL's resource key ignores its query and fragment, so writes to a path cover them."""
+    assert resource_url("https://h/p?q=1#top") == "url:https://h/p"
+    assert resource_url("https://h/p#x?y") == "url:https://h/p"
+    assert resource_url(None) == "url:"
