@@ -15,7 +15,7 @@ import attrs
 
 from cache import ResultCache, resources_overlap
 
-from ._plan import DedupeEntry, Plan, PlannerState
+from ._plan import DedupeEntry, Plan, PlannerState, _served_again
 from ._types import HistoryEntry, Status, ToolResult, ToolResultEvent
 
 __all__ = ["CommitOutcome", "commit"]
@@ -64,11 +64,7 @@ def commit(
             result: ToolResult | None = planned.outcome
         elif planned.leader is not None:
             led = results[planned.leader]
-            result = (
-                None
-                if led is None
-                else attrs.evolve(led, call_id=planned.call.id, deduped=True, started=None, duration=0.0)
-            )
+            result = None if led is None else _served_again(led, planned.call.id)
         else:
             result = executed.get(planned.index)
         results.append(result)

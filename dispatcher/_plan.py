@@ -57,6 +57,21 @@ _NEXT: dict[str, frozenset[str]] = {
     "decided": frozenset({"planned", "reopened"}),
     "reopened": frozenset({"approved", "decided"}),
 }
+_ALLOWED = frozenset((a, b) for a, nexts in _NEXT.items() for b in nexts)  # one lookup per step
+
+
+def _served_again(result: ToolResult, call_id: str) -> ToolResult:
+    """An earlier success, served to another call (attrs.evolve is several times slower)."""
+    return ToolResult(
+        call_id=call_id,
+        name=result.name,
+        status=result.status,
+        content=result.content,
+        retryable=result.retryable,
+        effect_uncertain=result.effect_uncertain,
+        cached=result.cached,
+        deduped=True,
+    )
 
 
 def canonical_json(args: Mapping[str, Any]) -> str:
@@ -112,7 +127,7 @@ class Draft:
     spent_approval: bool = False
 
     def advance(self, step: str) -> None:
-        if step not in _NEXT.get(self.step, frozenset()):
+        if (self.step, step) not in _ALLOWED:
             raise RuntimeError(f"call {self.call_id!r}: cannot go from {self.step!r} to {step!r}")
         self.step = step
 
@@ -470,7 +485,7 @@ class Planner:
         """A success earlier in this run, or in the result cache -> decided, nothing runs."""
         found = self._state.dedupe.get(d.key or "")
         if found is not None and not (pending_writes and resources_overlap(found.reads, pending_writes)):
-            d.decide(attrs.evolve(found.result, call_id=d.call_id, deduped=True, started=None, duration=0.0))
+            d.decide(_served_again(found.result, d.call_id))
             return True
         if d.cache_key is not None and self._cache is not None:
             hit = self._cache.get(d.cache_key)
