@@ -207,7 +207,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("transcript", help="JSONL (or a JSON array) of chat messages")
     run.add_argument("--workspace", default=".", help="folder the file tools work in (copied first)")
     run.add_argument("--in-place", action="store_true", help="work in the workspace itself, not a copy")
-    run.add_argument("--record", help="append the session's batches to this JSONL file")
+    run.add_argument("--record", help="record the session's batches to this JSONL file (replaced)")
     run.add_argument("--mode", choices=["deferred", "direct"], default="deferred")
     run.add_argument("--json", action="store_true", help="also print each tool message")
     run.add_argument("--cache-dir", help="result cache folder (default: the user cache folder)")
@@ -233,6 +233,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     try:
         if args.command == "run":
             messages = list(_messages(Path(args.transcript)))
+            if args.record:
+                Path(args.record).unlink(missing_ok=True)  # one recording per run, never two spliced
             return trio.run(_run, args, _prepare_workspace(args), messages, stream)
         if args.command == "replay":
             return trio.run(_replay, args, _replay_workspace(args.recording), stream)

@@ -90,3 +90,13 @@ def test_replay_works_when_the_recorded_workspace_is_gone(tmp_path: Path) -> Non
     shutil.rmtree(Path(header["meta"]["workspace"]).parent)
     code, text = run_cli("replay", str(rec))
     assert code == 0 and "no divergence" in text
+
+
+def test_recording_twice_to_one_file_replaces_it(tmp_path: Path) -> None:
+    """Running the main job twice with one --record file leaves one clean recording."""
+    rec = tmp_path / "session.jsonl"
+    for _ in range(2):
+        run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache")
+    assert sum(1 for line in rec.read_text().splitlines() if '"type": "header"' in line) == 1
+    code, text = run_cli("replay", str(rec))
+    assert code == 0 and "replayed 24 calls in 6 batches" in text
