@@ -79,12 +79,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-import attrs
 import diskcache
 import platformdirs
 from diskcache.core import MODE_BINARY, MODE_RAW
 
-from ._protocol import CacheEntry, CacheStatistics
+from ._protocol import CacheCounters, CacheEntry, CacheStatistics
 
 __all__ = ["DEFAULT_SIZE_LIMIT", "DiskResultCache", "default_cache_dir"]
 
@@ -249,16 +248,6 @@ def _read_value(store: Any, key: str) -> bytes | None:
     return raw
 
 
-@attrs.define
-class _Counters:
-    hits: int = 0
-    misses: int = 0
-    writes: int = 0
-    invalidations: int = 0
-    expired: int = 0
-    errors: int = 0
-
-
 class DiskResultCache:
     """A `ResultCache` in a diskcache folder, shared by every process that opens it.
 
@@ -278,7 +267,7 @@ class DiskResultCache:
     ) -> None:
         self._directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
         self._clock = clock
-        self._counters = _Counters()
+        self._counters = CacheCounters()
         self._store: Any = None  # a diskcache.Cache while healthy, None once disabled
         try:
             store = diskcache.Cache(
@@ -395,16 +384,7 @@ class DiskResultCache:
                 entries = len(store)  # rows in the store, expired ones not yet swept included
             except _STORE_FAILURES as exc:
                 self._disable("count the entries in", exc)
-        c = self._counters
-        return CacheStatistics(
-            hits=c.hits,
-            misses=c.misses,
-            writes=c.writes,
-            invalidations=c.invalidations,
-            expired=c.expired,
-            errors=c.errors,
-            entries=entries,
-        )
+        return self._counters.snapshot(entries)
 
     def close(self) -> None:
         """Close this thread's connection; the next operation opens it again."""

@@ -5,21 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-import attrs
-
 from ._policy import resources_overlap
-from ._protocol import CacheEntry, CacheStatistics
+from ._protocol import CacheCounters, CacheEntry, CacheStatistics
 
 __all__ = ["MemoryResultCache"]
-
-
-@attrs.define
-class _Counters:
-    hits: int = 0
-    misses: int = 0
-    writes: int = 0
-    invalidations: int = 0
-    expired: int = 0
 
 
 class MemoryResultCache:
@@ -29,7 +18,7 @@ class MemoryResultCache:
         self._clock = clock
         self._max_entries = max_entries
         self._entries: dict[str, tuple[float, CacheEntry]] = {}
-        self._counters = _Counters()
+        self._counters = CacheCounters()
 
     def get(self, key: str) -> CacheEntry | None:
         found = self._entries.get(key)
@@ -65,13 +54,4 @@ class MemoryResultCache:
         self._entries.clear()
 
     def statistics(self) -> CacheStatistics:
-        c = self._counters
-        return CacheStatistics(
-            hits=c.hits,
-            misses=c.misses,
-            writes=c.writes,
-            invalidations=c.invalidations,
-            expired=c.expired,
-            errors=0,
-            entries=len(self._entries),
-        )
+        return self._counters.snapshot(len(self._entries))

@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-__all__ = ["CacheEntry", "CacheStatistics", "ResultCache"]
+__all__ = ["CacheCounters", "CacheEntry", "CacheStatistics", "ResultCache"]
 
 
 @attrs.frozen
@@ -32,6 +32,29 @@ class CacheStatistics:
     expired: int = 0
     errors: int = 0
     entries: int = 0
+
+
+@attrs.define
+class CacheCounters:
+    """A store's running counts (mutable, private to the store); `snapshot` freezes them."""
+
+    hits: int = 0
+    misses: int = 0
+    writes: int = 0
+    invalidations: int = 0
+    expired: int = 0
+    errors: int = 0
+
+    def snapshot(self, entries: int) -> CacheStatistics:
+        return CacheStatistics(
+            hits=self.hits,
+            misses=self.misses,
+            writes=self.writes,
+            invalidations=self.invalidations,
+            expired=self.expired,
+            errors=self.errors,
+            entries=entries,
+        )
 
 
 @runtime_checkable
