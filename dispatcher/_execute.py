@@ -99,6 +99,11 @@ class _Slot:
     timeout: float = 0.0
     deadline: float = math.inf
 
+    def idle(self) -> None:
+        """The running call is over (or never started): nothing for the watchdog to cut."""
+        self.deadline = math.inf
+        self.running = None
+
 
 class Executor:
     """Runs the groups of one plan. `results` is filled as calls finish (pass 3 reads it).
@@ -272,7 +277,8 @@ class Executor:
             limiter.acquire_on_behalf_of_nowait(borrower)
         except trio.WouldBlock:
             await limiter.acquire_on_behalf_of(borrower)
-        release = True
+        # a sync call's slot is given back by its thread (it may outlive a timeout)
+        release = self._runner is not None or tool.is_async
         started = time.time()
         t0 = time.monotonic()
         try:
@@ -285,27 +291,15 @@ class Executor:
                     timeout,
                 )
                 slot.deadline = trio.current_time() + timeout
-                if self._runner is not None:
-                    served = await self._runner(planned, ctx)
-                elif tool.is_async:
-                    value = await tool.tool.handler(args, ctx)
-                else:
-                    release = False
-                    value = await self._in_thread(tool.tool.handler, args, ctx, borrower, _Abandonable())
-                slot.deadline = math.inf
-                slot.running = None
+                value = await self._call(planned, ctx, args, borrower)
+                slot.idle()
             else:
                 with trio.move_on_after(timeout) as scope:
-                    if self._runner is not None:
-                        served = await self._runner(planned, ctx)
-                    elif tool.is_async:
-                        value = await tool.tool.handler(args, ctx)
-                    else:
-                        release = False
-                        value = await self._in_thread(tool.tool.handler, args, ctx, borrower, _Abandonable())
+                    value = await self._call(planned, ctx, args, borrower)
                 if scope.cancelled_caught:
                     return self._timed_out(planned, timeout, started, t0)
             if self._runner is not None:
+                served: ToolResult = value
                 return served
             return ToolResult(
                 call_id=call.id,
@@ -316,12 +310,10 @@ class Executor:
                 duration=time.monotonic() - t0,
             )
         except (HookBlocked, DispatchInterrupted):
-            slot.deadline = math.inf
-            slot.running = None
+            slot.idle()
             raise
         except ToolError as exc:
-            slot.deadline = math.inf
-            slot.running = None
+            slot.idle()
             return failure_result(
                 call.id,
                 call.name,
@@ -334,8 +326,7 @@ class Executor:
                 limit=self._max_out,
             )
         except Exception as exc:
-            slot.deadline = math.inf
-            slot.running = None
+            slot.idle()
             return failure_result(
                 call.id,
                 call.name,
@@ -349,6 +340,18 @@ class Executor:
         finally:
             if release:
                 limiter.release_on_behalf_of(borrower)
+
+    async def _call(
+        self, planned: PlannedCall, ctx: ToolContext, args: Mapping[str, Any], borrower: object
+    ) -> Any:
+        """The handler's return value, or, in replay, the runner's recorded result."""
+        if self._runner is not None:
+            return await self._runner(planned, ctx)
+        tool = planned.tool
+        assert tool is not None
+        if tool.is_async:
+            return await tool.tool.handler(args, ctx)
+        return await self._in_thread(tool.tool.handler, args, ctx, borrower, _Abandonable())
 
     async def _in_thread(
         self,
