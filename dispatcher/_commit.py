@@ -50,7 +50,6 @@ def commit(
     cache: ResultCache | None,
     history: list[HistoryEntry],
     tool_history: dict[str, list[HistoryEntry]],
-    cache_ttls: Mapping[str, float],
     run_id: int,
     round: int,
     session_id: str,
@@ -99,9 +98,10 @@ def commit(
             continue  # failures are never remembered across rounds; writes are never remembered
         if planned.key is not None and (ran or result.cached):
             state.dedupe[planned.key] = DedupeEntry(result=result, reads=planned.reads)
-        if ran and planned.cacheable and planned.cache_key is not None and cache is not None:
+        policy = planned.tool.tool.cache if planned.tool is not None else None
+        if ran and planned.cacheable and planned.cache_key is not None and cache is not None and policy:
             try:
-                cache.set(planned.cache_key, result.content, ttl=cache_ttls[call.name], reads=planned.reads)
+                cache.set(planned.cache_key, result.content, ttl=policy.ttl, reads=planned.reads)
             except Exception:
                 log.warning("result cache write failed for %s", call.name, exc_info=True)
     if want_events:

@@ -76,10 +76,6 @@ class Dispatcher:
         self._sessions: dict[str, Session] = {}
         self._private: Session | None = None
 
-    @property
-    def cache_ttls(self) -> Mapping[str, float]:
-        return {t.name: t.cache.ttl for t in self.registry if t.cache is not None}
-
     def session(
         self,
         session_id: str | None = None,

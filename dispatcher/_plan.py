@@ -109,7 +109,6 @@ class Draft:
     call_id: str
     name: str
     args: dict[str, Any] | None
-    raw_args: str | Mapping[str, Any] | None = None
     via_run_tool: bool = False
     step: str = "parsed"
     entry: RegisteredTool | None = None
@@ -263,9 +262,7 @@ class Planner:
             d = Draft(index=index, call_id=call_id, name="", args=None)
             self._fail(d, Status.invalid_arguments, f"unreadable tool call: {exc}")
             return d
-        d = Draft(
-            index=index, call_id=call.id, name=_clean_name(call.name), args=None, raw_args=call.arguments
-        )
+        d = Draft(index=index, call_id=call.id, name=_clean_name(call.name), args=None)
         args = self._parse_arguments(d, call.arguments)
         if args is None:
             return d

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from ._registry import Tool
 from ._types import Provider
 
-__all__ = ["tool_entry", "tools_array"]
+__all__ = ["tool_entry"]
 
 _STUB_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -29,7 +28,3 @@ def tool_entry(
     if provider == "responses":
         return {"type": "function", "name": tool.name, "description": text, "parameters": params}
     raise ValueError(f"unknown provider, expected openai, anthropic or responses, got {provider!r}")
-
-
-def tools_array(entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    return list(entries)

@@ -27,6 +27,7 @@ from ._types import (
     HistoryEntry,
     Interrupt,
     Provider,
+    Status,
     ToolCall,
     ToolCallDispatchEvent,
     ToolContext,
@@ -250,13 +251,12 @@ class Session:
                 cache=d.cache,
                 history=self.history,
                 tool_history=self._tool_history,
-                cache_ttls=d.cache_ttls,
                 run_id=self._run_id,
                 round=self._round,
                 session_id=self.id,
                 want_events=want_events,
             )
-            self._executed += len(executor.results)
+            self._executed += sum(r.status is not Status.expired for r in executor.results.values())
             if self.recorder is not None:
                 self.recorder.record_batch(
                     run_id=self._run_id,

@@ -84,7 +84,6 @@ REGISTRY = Registry(
     ]
 )
 CORE = core_registry()
-TTLS = {"fetch_page": 60.0}
 
 
 class RecordingCache:
@@ -150,7 +149,6 @@ class Harness:
             cache=self.cache,
             history=self.history,
             tool_history=self.tool_history,
-            cache_ttls=TTLS,
             run_id=3,
             round=2,
             session_id="s1",

@@ -119,6 +119,7 @@ async def test_every_status_of_the_failure_table_from_a_real_path(autojump_clock
     s.new_run(deadline=trio.current_time())
     [expired] = await s.dispatch([call("h", "echo", text="late")])
     assert expired.status is Status.expired
+    assert s.statistics().executed == 3  # ok, failed, timed_out started; the expired call never did
     assert ("echo", "late") not in counter.runs
     for r in [*results[1:], expired]:
         body = json.loads(r.content.split("\n")[0])
