@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 import attrs
 
@@ -70,23 +69,13 @@ def commit(
         if result is None:
             continue
         call = planned.call
-        args: Any = call.arguments
-        entry = HistoryEntry(
-            run_id=run_id,
-            round=round,
-            index=planned.index,
-            call_id=call.id,
-            name=call.name,
-            args=args,
-            status=result.status,
-            content=result.content,
-            cached=result.cached,
-            deduped=result.deduped,
-            started=result.started,
-            duration=result.duration,
-        )
+        entry = HistoryEntry(run_id=run_id, round=round, index=planned.index, call=call, result=result)
         history.append(entry)
-        tool_history.setdefault(call.name, []).append(entry)
+        same_tool = tool_history.get(call.name)
+        if same_tool is None:
+            tool_history[call.name] = [entry]
+        else:
+            same_tool.append(entry)
         if planned.loads_schema:
             state.loaded.add(call.name)
         if ran and planned.spent_approval:
@@ -99,7 +88,7 @@ def commit(
         if planned.key is not None and (ran or result.cached):
             state.dedupe[planned.key] = DedupeEntry(result=result, reads=planned.reads)
         policy = planned.tool.tool.cache if planned.tool is not None else None
-        if ran and planned.cacheable and planned.cache_key is not None and cache is not None and policy:
+        if ran and planned.cache_key is not None and cache is not None and policy:
             try:
                 cache.set(planned.cache_key, result.content, ttl=policy.ttl, reads=planned.reads)
             except Exception:

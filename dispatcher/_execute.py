@@ -261,7 +261,10 @@ class Executor:
         except DispatchInterrupted as exc:
             self.control.interrupted[index] = exc
             return
-        await self._finish(planned, result, ctx)
+        if self._hooks.after:
+            await self._finish(planned, result, ctx)
+        else:
+            self.results[index] = result
 
     async def _invoke(self, planned: PlannedCall, ctx: ToolContext, slot: _Slot) -> ToolResult:
         """Run one call under its timeout and a limiter slot; ordinary failures become results."""
@@ -271,7 +274,7 @@ class Executor:
         timeout = self._timeout_of(planned)
         writes = bool(planned.writes)
         args: Mapping[str, Any] = call.arguments  # type: ignore[assignment]  # pass 1 made it a dict
-        borrower = object()
+        borrower = ctx  # one per call, so it tells this call's slot from any other's
         limiter = self._limiter
         try:
             limiter.acquire_on_behalf_of_nowait(borrower)
@@ -291,24 +294,19 @@ class Executor:
                     timeout,
                 )
                 slot.deadline = trio.current_time() + timeout
-                value = await self._call(planned, ctx, args, borrower)
+                value = await self._start(planned, ctx, args, borrower)
                 slot.idle()
             else:
                 with trio.move_on_after(timeout) as scope:
-                    value = await self._call(planned, ctx, args, borrower)
+                    value = await self._start(planned, ctx, args, borrower)
                 if scope.cancelled_caught:
                     return self._timed_out(planned, timeout, started, t0)
             if self._runner is not None:
                 served: ToolResult = value
                 return served
-            return ToolResult(
-                call_id=call.id,
-                name=call.name,
-                status=Status.ok,
-                content=normalize_output(value, self._max_out),
-                started=started,
-                duration=time.monotonic() - t0,
-            )
+            content = normalize_output(value, self._max_out)
+            duration = time.monotonic() - t0
+            return ToolResult(call.id, call.name, Status.ok, content, started=started, duration=duration)
         except (HookBlocked, DispatchInterrupted):
             slot.idle()
             raise
@@ -341,17 +339,19 @@ class Executor:
             if release:
                 limiter.release_on_behalf_of(borrower)
 
-    async def _call(
+    def _start(
         self, planned: PlannedCall, ctx: ToolContext, args: Mapping[str, Any], borrower: object
-    ) -> Any:
-        """The handler's return value, or, in replay, the runner's recorded result."""
+    ) -> Awaitable[Any]:
+        """What to await for the handler's return value (or, in replay, the runner's recorded
+        result). Not itself a coroutine: an async handler's own coroutine is awaited directly."""
         if self._runner is not None:
-            return await self._runner(planned, ctx)
+            return self._runner(planned, ctx)
         tool = planned.tool
         assert tool is not None
         if tool.is_async:
-            return await tool.tool.handler(args, ctx)
-        return await self._in_thread(tool.tool.handler, args, ctx, borrower, _Abandonable())
+            awaitable: Awaitable[Any] = tool.tool.handler(args, ctx)
+            return awaitable
+        return self._in_thread(tool.tool.handler, args, ctx, borrower, _Abandonable())
 
     async def _in_thread(
         self,

@@ -17,7 +17,7 @@ import copy
 import difflib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import xxhash
@@ -63,20 +63,24 @@ _ALLOWED = frozenset((a, b) for a, nexts in _NEXT.items() for b in nexts)  # one
 def _served_again(result: ToolResult, call_id: str) -> ToolResult:
     """An earlier success, served to another call (attrs.evolve is several times slower)."""
     return ToolResult(
-        call_id=call_id,
-        name=result.name,
-        status=result.status,
-        content=result.content,
-        retryable=result.retryable,
-        effect_uncertain=result.effect_uncertain,
-        cached=result.cached,
-        deduped=True,
+        call_id,
+        result.name,
+        result.status,
+        result.content,
+        result.retryable,
+        result.effect_uncertain,
+        result.cached,
+        True,  # deduped
     )
+
+
+# one encoder for every call: json.dumps with options builds a new one each time
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def canonical_json(args: Mapping[str, Any]) -> str:
     """Sorted keys, no spaces, UTF-8 kept: the form arguments are keyed and measured in."""
-    return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(args)
 
 
 def call_key(name: str, canonical: str) -> str:
@@ -84,9 +88,9 @@ def call_key(name: str, canonical: str) -> str:
     return xxhash.xxh3_128_hexdigest(f"{name}\x00{canonical}".encode())
 
 
-@attrs.frozen
-class DedupeEntry:
-    """A success earlier in this run, with what it read (for invalidation)."""
+class DedupeEntry(NamedTuple):
+    """A success earlier in this run, with what it read (for invalidation). A named tuple:
+    pass 3 makes one per remembered call, and it is private to the session."""
 
     result: ToolResult
     reads: frozenset[str]
@@ -152,13 +156,21 @@ class PlannedCall:
     writes: frozenset[str]
     concurrent: bool
     cache_key: str | None
-    cacheable: bool
     spent_approval: bool
-    loads_schema: bool
 
     @property
     def runs(self) -> bool:
         return self.outcome is None and self.leader is None
+
+    @property
+    def cacheable(self) -> bool:
+        """Looked up in the result cache, and written to it if it succeeds."""
+        return self.cache_key is not None
+
+    @property
+    def loads_schema(self) -> bool:
+        """Answered with its schema: pass 3 marks the tool loaded."""
+        return self.outcome is not None and self.outcome.status is Status.schema_required
 
 
 @attrs.frozen
@@ -255,15 +267,22 @@ class Planner:
         return [self._parse_one(i, item) for i, item in enumerate(items)]
 
     def _parse_one(self, index: int, item: Any) -> Draft:
-        try:
-            call = ToolCall.parse(item)
-        except (TypeError, ValueError) as exc:
-            call_id = str(item.get("id", f"call_{index}")) if isinstance(item, Mapping) else f"call_{index}"
-            d = Draft(index=index, call_id=call_id, name="", args=None)
-            self._fail(d, Status.invalid_arguments, f"unreadable tool call: {exc}")
-            return d
-        d = Draft(index=index, call_id=call.id, name=_clean_name(call.name), args=None)
-        args = self._parse_arguments(d, call.arguments)
+        fn = item.get("function") if type(item) is dict else None
+        if type(fn) is dict:
+            # the OpenAI chat shape, read directly: the common case needs no ToolCall
+            call_id, name, raw = str(item.get("id", "")), str(fn.get("name", "")), fn.get("arguments") or {}
+        else:
+            try:
+                call = ToolCall.parse(item)
+            except (TypeError, ValueError) as exc:
+                known = isinstance(item, Mapping) and "id" in item
+                call_id = str(item["id"]) if known else f"call_{index}"
+                d = Draft(index=index, call_id=call_id, name="", args=None)
+                self._fail(d, Status.invalid_arguments, f"unreadable tool call: {exc}")
+                return d
+            call_id, name, raw = call.id, call.name, call.arguments
+        d = Draft(index=index, call_id=call_id, name=_clean_name(name), args=None)
+        args = self._parse_arguments(d, raw)
         if args is None:
             return d
         d.args = args
@@ -274,9 +293,9 @@ class Planner:
     def _parse_arguments(self, d: Draft, raw: str | Mapping[str, Any] | None) -> dict[str, Any] | None:
         if raw is None or raw == "":
             return {}
-        if isinstance(raw, Mapping):
-            return dict(raw)
         if not isinstance(raw, str):
+            if isinstance(raw, Mapping):
+                return dict(raw)
             self._fail(
                 d, Status.invalid_arguments, f"arguments must be a JSON object, got {type(raw).__name__}"
             )
@@ -418,11 +437,7 @@ class Planner:
         if entry.defaults:
             defaults = copy.deepcopy(entry.defaults) if entry.defaults_mutable else entry.defaults
             args = {**defaults, **args}
-        if (
-            tool.cache is not None
-            and FORCE in args
-            and FORCE not in entry.validator.schema.get("properties", {})
-        ):
+        if entry.takes_force and FORCE in args:
             args = dict(args)
             d.force = bool(args.pop(FORCE))
         d.args = args
@@ -438,6 +453,9 @@ class Planner:
             )
             return False
         d.key = call_key(d.name, canonical)
+        if entry.plain:
+            d.concurrent = tool.concurrent is True  # a bool when plain
+            return True
         try:
             self._evaluate_seams(d, entry, args)
         except _SeamFailed as exc:
@@ -584,21 +602,20 @@ class Planner:
             if d.step in ("resolved", "reopened"):
                 d.advance("approved")
             d.advance("planned")
+            outcome = d.outcome
             calls.append(
                 PlannedCall(
-                    index=d.index,
-                    call=d.resolved_call(),
-                    tool=d.entry,
-                    outcome=d.outcome,
-                    leader=d.leader,
-                    key=d.key,
-                    reads=d.reads,
-                    writes=d.writes,
-                    concurrent=d.concurrent,
-                    cache_key=d.cache_key if d.cacheable else None,
-                    cacheable=d.cacheable,
-                    spent_approval=d.spent_approval,
-                    loads_schema=d.outcome is not None and d.outcome.status is Status.schema_required,
+                    d.index,
+                    ToolCall(d.call_id, d.name, d.args or {}),
+                    d.entry,
+                    outcome,
+                    d.leader,
+                    d.key,
+                    d.reads,
+                    d.writes,
+                    d.concurrent,
+                    d.cache_key if d.cacheable else None,
+                    d.spent_approval,
                 )
             )
         return Plan(calls=tuple(calls), groups=group_calls(calls))
@@ -613,8 +630,8 @@ def group_calls(calls: Sequence[PlannedCall]) -> tuple[tuple[int, ...], ...]:
     group_reads: list[str] = []
     group_writes: list[str] = []
     for c in calls:
-        if not c.runs:
-            continue
+        if c.outcome is not None or c.leader is not None:
+            continue  # decided in pass 1, or served by its leader
         if not c.concurrent:
             if current:
                 groups.append(tuple(current))

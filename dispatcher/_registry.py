@@ -79,6 +79,10 @@ class RegisteredTool:
     defaults_mutable: bool
     is_async: bool
     schema_json: str
+    takes_force: bool = False
+    """Has a result-cache policy and no `force` parameter of its own: `force` is ours."""
+    plain: bool = False
+    """No reads, writes or cache policy and a fixed `concurrent`: no seam to evaluate."""
 
     @property
     def name(self) -> str:
@@ -147,6 +151,11 @@ def register_check(tool: Tool) -> RegisteredTool:
         defaults_mutable=any(isinstance(v, dict | list) for v in defaults.values()),
         is_async=_is_async_callable(tool.handler),
         schema_json=schema_json,
+        takes_force=tool.cache is not None and "force" not in (schema.get("properties") or {}),
+        plain=tool.reads is None
+        and tool.writes is None
+        and tool.cache is None
+        and isinstance(tool.concurrent, bool),
     )
 
 

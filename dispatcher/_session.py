@@ -17,7 +17,7 @@ import attrs
 from ._commit import commit
 from ._exceptions import DispatchInterrupted
 from ._execute import Executor, ToolRunner, _maybe_await
-from ._plan import FIND_TOOLS, RUN_TOOL, Draft, Planner, PlannerState
+from ._plan import FIND_TOOLS, RUN_TOOL, Draft, PlannedCall, Planner, PlannerState
 from ._providers import tool_entry
 from ._registry import Tool
 from ._types import (
@@ -202,6 +202,10 @@ class Session:
             deadline=self._deadline,
         )
 
+    def _planned_context(self, planned: PlannedCall) -> ToolContext:
+        call = planned.call
+        return ToolContext(call.id, call.name, self, self._run_id, self._round, self._deadline)
+
     async def _dispatch(
         self,
         calls: Sequence[Any],
@@ -236,7 +240,7 @@ class Session:
             default_timeout=d.timeout,
             deadline=self._deadline,
             hooks=d.hook_set,
-            make_context=lambda p: self._context(p.call.id, p.call.name),
+            make_context=self._planned_context,
             max_output_bytes=d.max_output_bytes,
             runner=runner,
         )

@@ -248,17 +248,48 @@ class ToolResultEvent:
 
 @attrs.frozen
 class HistoryEntry:
-    """One committed call, as the session's history keeps it (pass 3)."""
+    """One committed call, as the session's history keeps it (pass 3): the call as it ran
+    (after `run_tool` and rewriters) and its result, kept by reference, not copied."""
 
     run_id: int
     round: int
     index: int
-    call_id: str
-    name: str
-    args: Mapping[str, Any]
-    status: Status
-    content: str
-    cached: bool
-    deduped: bool
-    started: float | None
-    duration: float
+    call: ToolCall
+    result: ToolResult
+
+    @property
+    def call_id(self) -> str:
+        return self.call.id
+
+    @property
+    def name(self) -> str:
+        return self.call.name
+
+    @property
+    def args(self) -> Mapping[str, Any]:
+        args = self.call.arguments
+        return args if isinstance(args, Mapping) else {}
+
+    @property
+    def status(self) -> Status:
+        return self.result.status
+
+    @property
+    def content(self) -> str:
+        return self.result.content
+
+    @property
+    def cached(self) -> bool:
+        return self.result.cached
+
+    @property
+    def deduped(self) -> bool:
+        return self.result.deduped
+
+    @property
+    def started(self) -> float | None:
+        return self.result.started
+
+    @property
+    def duration(self) -> float:
+        return self.result.duration

@@ -27,9 +27,7 @@ class _Session:
 
 
 def _ctx(name: str, call_id: str = "call_1", session: _Session | None = None) -> ToolContext:
-    return ToolContext(
-        call_id=call_id, tool_name=name, session=session or _Session(), run_id=1, round=1
-    )
+    return ToolContext(call_id=call_id, tool_name=name, session=session or _Session(), run_id=1, round=1)
 
 
 @pytest.fixture

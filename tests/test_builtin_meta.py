@@ -14,7 +14,7 @@ from builtin_tools._workspace import Workspace
 from builtin_tools.files import FileTools
 from builtin_tools.meta import ASK_USER_ANSWERS, MetaTools
 from dispatcher._exceptions import DispatchInterrupted, ToolError
-from dispatcher._types import HistoryEntry, Status, ToolCall, ToolContext
+from dispatcher._types import HistoryEntry, Status, ToolCall, ToolContext, ToolResult
 
 
 class _Session:
@@ -48,15 +48,22 @@ async def _call(meta: MetaTools, name: str, session: _Session, **args: Any) -> s
         return str(await getattr(meta, name)(args, _ctx(name, session)))
 
 
-def _entry(index: int, name: str, status: Status = Status.ok, **extra: Any) -> HistoryEntry:
-    values: dict[str, Any] = {
-        "run_id": 1, "round": index // 2 + 1, "index": index, "call_id": f"c{index}",
-        "name": name, "args": {"path": f"f{index}.txt"}, "status": status,
-        "content": f"content of call {index}\nsecond line", "cached": False, "deduped": False,
-        "started": 0.0, "duration": 0.01,
-    }  # fmt: skip
-    values.update(extra)
-    return HistoryEntry(**values)
+def _entry(
+    index: int,
+    name: str,
+    status: Status = Status.ok,
+    *,
+    deduped: bool = False,
+    args: dict[str, Any] | None = None,
+    content: str | None = None,
+) -> HistoryEntry:
+    call = ToolCall(id=f"c{index}", name=name, arguments=args or {"path": f"f{index}.txt"})
+    text = f"content of call {index}\nsecond line" if content is None else content
+    result = ToolResult(
+        call_id=call.id, name=name, status=status, content=text,
+        deduped=deduped, started=0.0, duration=0.01,
+    )  # fmt: skip
+    return HistoryEntry(run_id=1, round=index // 2 + 1, index=index, call=call, result=result)
 
 
 # -- write_todo ------------------------------------------------------------------------
@@ -104,8 +111,7 @@ async def test_chat_history_renders_recent_calls(meta: MetaTools) -> None:
     assert lines[0] == "2 of 6 call(s), oldest first:"
     assert lines[1].startswith('[run 1 round 3 #4] read_files({"path": "f4.txt"}) -> ok: ')
     assert lines[2] == (
-        '[run 1 round 3 #5] edit_file({"path": "f5.txt"}) -> failed, deduped: '
-        "content of call 5 second line"
+        '[run 1 round 3 #5] edit_file({"path": "f5.txt"}) -> failed, deduped: content of call 5 second line'
     )
 
 

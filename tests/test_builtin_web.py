@@ -335,8 +335,7 @@ async def test_download_file_saves_the_exact_bytes_and_can_be_undone(
     out = await _call(web, "download_file", url=f"{server}/file.bin", path="data/file.bin")
     assert (ws / "data/file.bin").read_bytes() == FILE_BYTES
     assert out == (
-        f"saved {len(FILE_BYTES)} bytes (application/octet-stream) from {server}/file.bin "
-        "to data/file.bin"
+        f"saved {len(FILE_BYTES)} bytes (application/octet-stream) from {server}/file.bin to data/file.bin"
     )
     FileTools(web.ws).restore_file({"path": "data/file.bin"}, _ctx("restore_file"))
     assert (ws / "data/file.bin").read_bytes() == b"old"
@@ -382,9 +381,7 @@ def test_web_tool_flags(ws: Path) -> None:
         )
     assert http.reads({"url": "https://a/b?x=1#f"}) == {"url:https://a/b"}
     assert download.confirm is False and download.concurrent is True and download.writes is not None
-    assert download.writes({"url": "https://a", "path": "x/y.bin"}) == {
-        f"file:{Path(ws).resolve()}/x/y.bin"
-    }
+    assert download.writes({"url": "https://a", "path": "x/y.bin"}) == {f"file:{Path(ws).resolve()}/x/y.bin"}
 
 
 def test_html_to_text_keeps_content_and_drops_the_rest() -> None:
