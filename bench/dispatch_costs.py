@@ -34,7 +34,7 @@ from cache import CachePolicy, DiskResultCache
 from dispatcher import Dispatcher, Registry, Tool
 
 from .threepass_runner import ThreepassRunner
-from .workloads import FloorRunner, Toolbox, echo_batch, nap_batch
+from .workloads import FloorRunner, Goal, Toolbox, echo_batch, nap_batch
 
 SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 
@@ -157,7 +157,8 @@ async def sleeps(limit: int) -> dict[str, Any]:
     return {"limit": limit, "wall_ms": statistics.median(walls), "ideal_ms": math.ceil(16 / limit) * 100}
 
 
-async def main(quick: bool) -> dict[str, Any]:
+async def measure(quick: bool) -> dict[str, Any]:
+    """Every figure above, in one trio run: ``trio.run(measure, quick)``."""
     return {
         "overhead": await overhead(quick),
         "dedupe_cache": await dedupe_and_cache(quick),
@@ -199,10 +200,68 @@ def render(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _limit(limit: int | str) -> str:
+    return "at the default limit" if limit == "default" else f"at limit {limit}"
+
+
+def overhead_goals(figures: dict[str, Any]) -> list[Goal]:
+    """threepass at most 1.5x the floor per call at batch 100, at each limit measured."""
+    return [
+        Goal(
+            f"threepass / floor per call at batch 100, {_limit(row['limit'])}, rounds interleaved",
+            f"{row['ratio']:.2f}x",
+            "at most 1.5x",
+            row["ratio"] <= 1.5,
+        )
+        for row in figures["overhead"]
+        if row["batch"] == 100
+    ]
+
+
+def cost_goals(figures: dict[str, Any]) -> list[Goal]:
+    """The dedupe-hit, cache-hit and sixteen-sleeps goals of this module's docstring."""
+    dc = figures["dedupe_cache"]
+    dedupe_extra = dc["dedupe_hit_us_batch100"] - dc["key_and_lookup_us"]
+    cache_extra = (
+        dc["cache_hit_us_batch1"] - dc["dedupe_hit_us_batch1"],
+        dc["cache_hit_us_batch100"] - dc["dedupe_hit_us_batch100"],
+    )
+    cache_ratio = dc["cache_hit_us_batch100"] / dc["dedupe_hit_us_batch100"]
+    goals = [
+        Goal(
+            "a deduped call minus making its key and a dict lookup (batch 100)",
+            f"{dedupe_extra:.1f} µs",
+            "within 10 µs",
+            dedupe_extra <= 10,
+        ),
+        Goal(
+            "a disk-cache hit minus a dedupe hit, batch 1 / batch 100",
+            f"{cache_extra[0]:.1f} / {cache_extra[1]:.1f} µs",
+            "at most 150 µs",
+            max(cache_extra) <= 150,
+        ),
+        Goal("100 disk-cache hits / 100 dedupe hits", f"{cache_ratio:.2f}x", "under 3x", cache_ratio < 3),
+    ]
+    for row in figures["sleeps"]:
+        goals.append(
+            Goal(
+                f"16 concurrent 100 ms sleeps at limit {row['limit']}",
+                f"{row['wall_ms']:.1f} ms",
+                f"within 20 ms of {row['ideal_ms']} ms",
+                abs(row["wall_ms"] - row["ideal_ms"]) <= 20,
+            )
+        )
+    return goals
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", action="store_true")
     ns = parser.parse_args()
-    figures = trio.run(main, ns.quick)
-    print(json.dumps(figures, indent=1) if ns.json else render(figures))
+    figures = trio.run(measure, ns.quick)
+    if ns.json:
+        print(json.dumps(figures, indent=1))
+    else:
+        goals = overhead_goals(figures) + cost_goals(figures)
+        print(render(figures), "", "Against the goals:", "", *(g.render() for g in goals), sep="\n")

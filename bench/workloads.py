@@ -582,11 +582,33 @@ def measure_system(factory: RunnerFactory, quick: bool = False) -> dict[str, Any
     return result
 
 
-def measure_floor(quick: bool = False) -> dict[str, Any]:
-    """The floor's per-call cost at batch sizes 1, 10 and 100 (overhead workload only)."""
-    rounds = Rounds.choose(quick)
-    result: dict[str, Any] = trio.run(measure_overhead, FloorRunner, rounds)
-    return result
+# --------------------------------------------------------------------------- goals
+
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    """One goal of the benchmark: what was measured, the figure, the target, and the verdict.
+
+    ``met`` is ``None`` when the figure could not be measured in this run (a peer that is
+    not installed, a part of the run that was left out).
+    """
+
+    label: str
+    measured: str
+    target: str
+    met: bool | None
+
+    @classmethod
+    def not_measured(cls, label: str, target: str, why: str) -> Goal:
+        """A goal whose figure this run did not produce, and why."""
+        return cls(label, f"not measured ({why})", target, None)
+
+    def render(self) -> str:
+        """The goal as one markdown list item ending in met / NOT met."""
+        if self.met is None:
+            return f"- {self.label}: {self.measured} (goal: {self.target})"
+        verdict = "met" if self.met else "**NOT met**"
+        return f"- {self.label}: **{self.measured}** (goal: {self.target}): {verdict}"
 
 
 # --------------------------------------------------------------------------- memory
