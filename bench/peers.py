@@ -18,9 +18,8 @@ answers with text. The tool outputs come back as strings in call order.
   ``ToolCallPart`` items on its first call and text on its second.
 
 All three run on asyncio. Frameworks are imported inside the adapters, so this module
-imports without them; a missing one is reported as "not installed".
-
-``python -m bench.peers`` prints every figure as JSON (``--quick`` for a smoke run).
+imports without them; :func:`missing_reason` says why one cannot run, and the harness
+(``python -m bench``, bench/harness.py) reports it as "not installed".
 """
 
 from __future__ import annotations
@@ -28,23 +27,10 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import json
-import os
-import platform
-import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
-from bench.workloads import (
-    BatchRunner,
-    Call,
-    LoopName,
-    Rounds,
-    Toolbox,
-    measure_floor,
-    measure_memory,
-    measure_system,
-)
+from bench.workloads import Call, LoopName, Toolbox
 
 _FINAL_TEXT = "done"
 _USER_PROMPT = "Run the tools."
@@ -54,9 +40,10 @@ class LangGraphPeer:
     """LangGraph's prebuilt ``ToolNode`` inside a one-node ``StateGraph``."""
 
     name = "langgraph"
+    title = "LangGraph ToolNode"
     loop: LoopName = "asyncio"
-    modules = ("langgraph", "langchain_core")
-    distributions = ("langgraph", "langgraph-prebuilt", "langchain-core")
+    modules: tuple[str, ...] = ("langgraph", "langchain_core")
+    distributions: tuple[str, ...] = ("langgraph", "langgraph-prebuilt", "langchain-core")
 
     def __init__(self) -> None:
         self._graph: Any = None
@@ -92,9 +79,10 @@ class OpenAIAgentsPeer:
     """OpenAI Agents SDK: ``Runner.run`` with a scripted ``Model`` and ``function_tool``s."""
 
     name = "openai-agents"
+    title = "OpenAI Agents SDK"
     loop: LoopName = "asyncio"
-    modules = ("agents",)
-    distributions = ("openai-agents", "openai")
+    modules: tuple[str, ...] = ("agents",)
+    distributions: tuple[str, ...] = ("openai-agents", "openai")
 
     def __init__(self) -> None:
         self._agent: Any = None
@@ -180,9 +168,10 @@ class PydanticAIPeer:
     """Pydantic AI: ``Agent.run`` with a ``FunctionModel`` that scripts one batch."""
 
     name = "pydantic-ai"
+    title = "Pydantic AI"
     loop: LoopName = "asyncio"
-    modules = ("pydantic_ai",)
-    distributions = ("pydantic-ai-slim", "pydantic")
+    modules: tuple[str, ...] = ("pydantic_ai",)
+    distributions: tuple[str, ...] = ("pydantic-ai-slim", "pydantic")
 
     def __init__(self) -> None:
         self._agent: Any = None
@@ -236,12 +225,7 @@ PeerClass = type[LangGraphPeer] | type[OpenAIAgentsPeer] | type[PydanticAIPeer]
 PEERS: dict[str, PeerClass] = {peer.name: peer for peer in (LangGraphPeer, OpenAIAgentsPeer, PydanticAIPeer)}
 
 
-def make_peer(name: str) -> BatchRunner:
-    """A fresh adapter for the peer called ``name``."""
-    return PEERS[name]()
-
-
-def _missing(peer: PeerClass) -> str | None:
+def missing_reason(peer: PeerClass) -> str | None:
     """Why the peer cannot run here, or ``None`` when its modules import."""
     for module in peer.modules:
         try:
@@ -251,7 +235,8 @@ def _missing(peer: PeerClass) -> str | None:
     return None
 
 
-def _versions(distributions: Sequence[str]) -> dict[str, str]:
+def versions(distributions: Sequence[str]) -> dict[str, str]:
+    """The installed version of each distribution, or "not installed"."""
     found: dict[str, str] = {}
     for dist in distributions:
         try:
@@ -259,49 +244,3 @@ def _versions(distributions: Sequence[str]) -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             found[dist] = "not installed"
     return found
-
-
-def run_peer_workloads(quick: bool = False, memory: bool = True) -> dict[str, Any]:
-    """Every workload for the floor and each installed peer, keyed by system then workload.
-
-    Each peer runs in its own ``asyncio.run``, the floor in ``trio.run``, one after
-    another in this process; memory is measured in a fresh child process per system.
-    A peer that is not installed, or that fails while measured, is reported as such
-    and the others still run.
-    """
-    started = time.perf_counter()
-    memory_calls = Rounds.choose(quick).memory_calls
-    report: dict[str, Any] = {
-        "environment": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "quick": quick,
-            "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-            "versions": _versions(("trio", "jsonschema", "xxhash")),
-        },
-        "floor": {"overhead": measure_floor(quick)},
-    }
-    if memory:
-        report["floor"]["memory"] = measure_memory("bench.workloads:FloorRunner", memory_calls)
-    for name, peer in PEERS.items():
-        missing = _missing(peer)
-        if missing is not None:
-            report[name] = {"status": "not installed", "reason": missing}
-            continue
-        peer_started = time.perf_counter()
-        figures: dict[str, Any] = {"status": "ok", "versions": _versions(peer.distributions)}
-        try:
-            figures.update(measure_system(peer, quick))
-        except Exception as exc:  # a peer's API drift must not sink the other measurements
-            figures.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-        if memory and figures["status"] == "ok":
-            figures["memory"] = measure_memory(f"bench.peers:{peer.__name__}", memory_calls)
-        figures["seconds"] = round(time.perf_counter() - peer_started, 1)
-        report[name] = figures
-    report["environment"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    report["environment"]["harness_seconds"] = round(time.perf_counter() - started, 1)
-    return report
-
-
-if __name__ == "__main__":
-    print(json.dumps(run_peer_workloads(quick="--quick" in sys.argv[1:]), indent=2))

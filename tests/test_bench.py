@@ -1,0 +1,95 @@
+"""The benchmark harness (bench/harness.py) on its quick path, for the floor and threepass.
+
+No peer framework is needed: the one peer here stands for a framework that is not
+installed. Timing values are never asserted, only what each system did.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from bench.harness import Plan, collect, goals, render_table
+from bench.peers import PydanticAIPeer
+from dispatcher import cli
+
+
+class FrameworkNotInstalled(PydanticAIPeer):
+    """A peer adapter whose framework does not import here."""
+
+    name = "absent"
+    title = "Absent framework"
+    modules = ("bench_no_such_framework",)
+
+
+@pytest.fixture(scope="module")
+def report() -> dict[str, Any]:
+    plan = Plan(quick=True, peers=(FrameworkNotInstalled,), limits=(), memory=False, costs=False)
+    return collect(plan)
+
+
+def _row(table: str, title: str) -> str:
+    [row] = [line for line in table.splitlines() if line.startswith(f"| {title}")]
+    return row
+
+
+def test_threepass_runs_each_distinct_call_of_the_repetition_batch_once(report: dict[str, Any]) -> None:
+    """threepass makes exactly 10 executions of the 20-call batch with 10 repeats, every round."""
+    repetition = report["systems"]["threepass"]["repetition"]
+    assert repetition["executions_seen"] == [10]
+    assert repetition["outputs_correct"]
+
+
+def test_the_floor_runs_every_repeat(report: dict[str, Any]) -> None:
+    """The floor, which keeps no dedupe map, runs all 20 calls of the repetition batch."""
+    assert report["systems"]["floor"]["repetition"]["executions_seen"] == [20]
+
+
+def test_threepass_last_read_sees_the_edit(report: dict[str, Any]) -> None:
+    """In read, read, edit, read, threepass's last read returns the edited text in every round."""
+    mixed = report["systems"]["threepass"]["mixed"]
+    for label in ("with_io", "no_io"):
+        seen, total = mixed[label]["second_read_sees_edit"].split("/")
+        assert seen == total != "0"
+        assert mixed[label]["outputs"][3] == "new"
+
+
+def test_the_table_has_a_row_per_system_with_ratios_to_threepass(report: dict[str, Any]) -> None:
+    """The table has a row per system; the floor's figures carry ratios, threepass's do not."""
+    table = render_table(report)
+    floor, threepass = _row(table, "floor"), _row(table, "threepass (default limit")
+    assert len(re.findall(r"\(\d+(\.\d+)?x\)", floor)) >= 3  # µs/call at batch 1, 10 and 100
+    assert "x)" not in threepass
+    assert "yes (" in threepass
+    assert len(table.splitlines()) == 2 + 3  # header, rule, floor, threepass, the absent peer
+
+
+def test_a_peer_that_does_not_import_is_reported_not_installed(report: dict[str, Any]) -> None:
+    """A peer whose framework does not import is a "not installed" row, not a crash."""
+    entry = report["systems"]["absent"]
+    assert entry["status"] == "not installed"
+    assert "bench_no_such_framework" in entry["reason"]
+    assert "| not installed |" in _row(render_table(report), "Absent framework")
+
+
+def test_goals_say_what_was_met_and_what_was_not_measured(report: dict[str, Any]) -> None:
+    """The repeats goal is met; the ToolNode and floor goals are not measured in this plan."""
+    verdicts = {goal.label: goal.met for goal in goals(report)}
+
+    def verdict(words: str) -> bool | None:
+        [met] = [met for label, met in verdicts.items() if words in label]
+        return met
+
+    assert verdict("repeated executions") is True
+    assert verdict("LangGraph ToolNode / threepass") is None
+    assert verdict("threepass / floor") is None
+
+
+def test_threepass_bench_hands_its_arguments_to_the_harness(capsys: pytest.CaptureFixture[str]) -> None:
+    """`threepass bench --help` is the harness's own help: the CLI passes everything on."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    assert "--quick" in capsys.readouterr().out
