@@ -3,16 +3,19 @@
     threepass run TRANSCRIPT [--workspace DIR] [--record FILE] [--yes | --no] ...
     threepass replay RECORDING
     threepass cache stats | clear [--dir DIR]
+    threepass bench [--quick] [--output PATH | --no-write] [--json]
 
 `run` reads assistant messages (OpenAI chat or Anthropic shape, one JSON object a line,
 or one JSON array) and dispatches each message's tool calls as one batch through the
 builtin tools; a user message starts a new run. Calls that need confirmation are asked
-about on the terminal; without one they are refused unless --yes.
+about on the terminal; without one they are refused unless --yes. `bench` is
+`python -m bench`, the benchmark harness (bench/harness.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import shutil
 import sys
@@ -200,6 +203,14 @@ def _cache(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _bench(argv: Sequence[str], out: TextIO) -> int:
+    # The harness ships beside the library but is no part of it: it is imported by name,
+    # only when asked for, so the library never depends on it (nor its type check).
+    harness = importlib.import_module("bench.harness")
+    code: int = harness.main(argv, out=out)
+    return code
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="threepass", description="Execute and replay LLM tool calls.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -224,12 +235,17 @@ def _parser() -> argparse.ArgumentParser:
     cache = sub.add_parser("cache", help="the result cache")
     cache.add_argument("action", choices=["stats", "clear"])
     cache.add_argument("--dir", help="cache folder (default: THREEPASS_CACHE_DIR or the user cache folder)")
+    # Listed for --help only: main() hands everything after "bench" to the harness.
+    sub.add_parser("bench", help="measure threepass beside the floor and peer frameworks (python -m bench)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     stream = out or sys.stdout
-    args = _parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["bench"]:
+        return _bench(arguments[1:], stream)
+    args = _parser().parse_args(arguments)
     try:
         if args.command == "run":
             messages = list(_messages(Path(args.transcript)))
