@@ -77,7 +77,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import diskcache
 import platformdirs
@@ -188,13 +188,15 @@ def _encode(content: str, reads: frozenset[str], stored_at: float, expires_at: f
     return text.encode("utf-8", "surrogatepass")
 
 
-def _is_time(value: object) -> bool:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    try:
-        return not math.isnan(value)
-    except OverflowError:  # an int too large for a float
-        return False
+def _is_time(value: object) -> TypeGuard[float]:
+    if type(value) is float:
+        return value == value  # not NaN
+    if type(value) is int:  # not bool, which is an int too
+        return -_MAX_TIME < value < _MAX_TIME
+    return False
+
+
+_MAX_TIME = 2**1023  # an int beyond a float's range is no time
 
 
 def _decode(raw: bytes) -> tuple[float, CacheEntry]:
@@ -203,18 +205,23 @@ def _decode(raw: bytes) -> tuple[float, CacheEntry]:
         document = json.loads(raw.decode("utf-8", "surrogatepass"))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise _Undecodable(f"not a JSON document: {exc!r}") from None
-    if not isinstance(document, dict):
+    if type(document) is not dict:
         raise _Undecodable(f"expected a JSON object, got {type(document).__name__}")
     if document.get("format") != _FORMAT:
         raise _Undecodable(f"format {document.get('format')!r}, this version reads {_FORMAT}")
-    match document:
-        case {
-            "content": str(content),
-            "reads": list(reads),
-            "stored_at": int() | float() as stored_at,
-            "expires_at": int() | float() as expires_at,
-        } if all(isinstance(r, str) for r in reads) and _is_time(stored_at) and _is_time(expires_at):
-            return float(expires_at), CacheEntry(content, frozenset(reads), float(stored_at))
+    # plain checks rather than a match statement: this runs on every cache hit
+    content = document.get("content")
+    reads = document.get("reads")
+    stored_at = document.get("stored_at")
+    expires_at = document.get("expires_at")
+    if (
+        type(content) is str
+        and type(reads) is list
+        and _is_time(stored_at)
+        and _is_time(expires_at)
+        and (not reads or all(type(r) is str for r in reads))
+    ):
+        return float(expires_at), CacheEntry(content, frozenset(reads), float(stored_at))
     raise _Undecodable("fields missing or of the wrong type")
 
 
