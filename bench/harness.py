@@ -84,17 +84,15 @@ def _ref(factory: type) -> str:
     return f"{factory.__module__}:{factory.__qualname__}"
 
 
-def _measure(
-    title: str,
-    factory: RunnerFactory,
-    memory_ref: str | None,
-    plan: Plan,
-) -> dict[str, Any]:
-    """Workloads 1-4 in the system's own event loop, then workload 5 in a child process."""
+def _measure(title: str, factory: RunnerFactory, memory_ref: str, plan: Plan) -> dict[str, Any]:
+    """Workloads 1-4 in the system's own event loop, then workload 5 in a child process.
+
+    ``memory_ref`` names the factory for the child process: ``module:attr``.
+    """
     started = time.perf_counter()
     entry: dict[str, Any] = {"title": title, "status": "ok", "loop": factory().loop}
     entry.update(measure_system(factory, plan.quick))
-    if plan.memory and memory_ref is not None:
+    if plan.memory:
         entry["memory"] = measure_memory(memory_ref, Rounds.choose(plan.quick).memory_calls)
     entry["seconds"] = round(time.perf_counter() - started, 1)
     return entry
@@ -368,8 +366,9 @@ _PROSE = """\
   across batches in the overhead rows.
 - **Figures** are medians; a figure in brackets is its ratio to threepass's figure in the
   same column. Systems are measured one after another, so their ratios carry the noise
-  of a shared machine; the section "threepass against the floor" interleaves the two
-  round by round, and the floor goal is read there.
+  of a shared machine, and the floor's row comes first, in a process that has done
+  little yet. The section "threepass against the floor" interleaves the two round by
+  round, in the same process state; the floor goal is read there.
 - **Concurrency.** threepass's default limit is half the cores, at least 3: on a 2-core
   machine it is 3, so 16 naps of 100 ms take ceil(16/3) x 100 = 600 ms by design. The
   rows at limits 3 and 8 show the limiter at work; the peers start all 16 at once.
