@@ -105,6 +105,19 @@ class _Slot:
         self.running = None
 
 
+@attrs.define(eq=False)
+class _Crew:
+    """The workers of one concurrent group, the calls they share and who supervises them."""
+
+    todo: collections.deque[PlannedCall]
+    most: int
+    shortest: float
+    slots: list[_Slot] = attrs.field(factory=list)
+    working: int = 0
+    done: trio.Event = attrs.field(factory=trio.Event)
+    nursery: trio.Nursery | None = None
+
+
 class Executor:
     """Runs the groups of one plan. `results` is filled as calls finish (pass 3 reads it).
 
@@ -152,40 +165,42 @@ class Executor:
                 return  # later groups do not start
 
     async def _run_group(self, group: list[PlannedCall]) -> None:
-        most = max(1, int(min(len(group), self._limiter.total_tokens)))
-        todo = collections.deque(group)
-        slots: list[_Slot] = []
-        shortest = min(self._timeout_of(p) for p in group)
-        async with trio.open_nursery() as outer:
-            outer.start_soon(self._watchdog, slots, shortest)
-            async with trio.open_nursery() as nursery:
-                self._add_worker(nursery, todo, slots)
-                if most > 1:
-                    nursery.start_soon(self._spawner, nursery, todo, slots, most)
-            outer.cancel_scope.cancel()
+        crew = _Crew(
+            todo=collections.deque(group),
+            most=max(1, int(min(len(group), self._limiter.total_tokens))),
+            shortest=min(self._timeout_of(p) for p in group),
+        )
+        async with trio.open_nursery() as nursery:
+            crew.nursery = nursery
+            self._add_worker(crew)
+            nursery.start_soon(self._supervise, crew)
 
-    def _add_worker(
-        self, nursery: trio.Nursery, todo: collections.deque[PlannedCall], slots: list[_Slot]
-    ) -> None:
+    def _add_worker(self, crew: _Crew) -> None:
         slot = _Slot(watched=True)
-        slots.append(slot)
-        nursery.start_soon(self._worker, todo, slot)
+        crew.slots.append(slot)
+        crew.working += 1
+        assert crew.nursery is not None
+        crew.nursery.start_soon(self._crew_worker, crew, slot)
 
-    async def _spawner(
-        self, nursery: trio.Nursery, todo: collections.deque[PlannedCall], slots: list[_Slot], most: int
-    ) -> None:
-        """Add a worker each time the running ones have let go of the loop while calls still
-        wait: calls that never block are all run by the first worker, calls that do block
-        fan out up to the limit."""
-        while todo and len(slots) < most:
-            await trio.lowlevel.checkpoint()
-            if todo:
-                self._add_worker(nursery, todo, slots)
+    async def _crew_worker(self, crew: _Crew, slot: _Slot) -> None:
+        try:
+            await self._worker(crew.todo, slot)
+        finally:
+            crew.working -= 1
+            if not crew.working:
+                crew.done.set()  # the last one out lets the supervisor go
 
-    async def _watchdog(self, slots: list[_Slot], shortest: float) -> None:
-        while True:
+    async def _supervise(self, crew: _Crew) -> None:
+        """Spawn and watch. While calls wait, add a worker each time the running ones let go
+        of the loop (calls that never block are all run by the first worker; calls that block
+        fan out up to the limit). Then sleep until the earliest running call's deadline and
+        cancel just the worker whose call overran. Returns when the last worker is done:
+        it is woken, not cancelled, since unwinding a cancellation costs more than a
+        group of quick calls."""
+        slots = crew.slots
+        while not crew.done.is_set():
             now = trio.current_time()
-            wake = now + shortest
+            wake = now + crew.shortest
             for slot in slots:
                 if slot.deadline <= now:
                     slot.deadline = math.inf
@@ -193,7 +208,13 @@ class Executor:
                     slot.scope.cancel()
                 elif slot.deadline < wake:
                     wake = slot.deadline
-            await trio.sleep_until(wake)
+            if crew.todo and len(slots) < crew.most:
+                await trio.lowlevel.checkpoint()
+                if crew.todo:
+                    self._add_worker(crew)
+            else:
+                with trio.move_on_at(wake):
+                    await crew.done.wait()
 
     async def _worker(self, todo: collections.deque[PlannedCall], slot: _Slot) -> None:
         while True:
