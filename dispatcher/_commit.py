@@ -14,8 +14,9 @@ import attrs
 
 from cache import ResultCache, resources_overlap
 
+from ._history import History
 from ._plan import DedupeEntry, Plan, PlannerState, _served_again
-from ._types import HistoryEntry, Status, ToolResult, ToolResultEvent
+from ._types import Status, ToolResult, ToolResultEvent
 
 __all__ = ["CommitOutcome", "commit"]
 
@@ -47,58 +48,54 @@ def commit(
     *,
     state: PlannerState,
     cache: ResultCache | None,
-    history: list[HistoryEntry],
-    tool_history: dict[str, list[HistoryEntry]],
+    history: History,
     run_id: int,
     round: int,
     session_id: str,
     want_events: bool,
 ) -> CommitOutcome:
     results: list[ToolResult | None] = []
-    events: list[ToolResultEvent] = []
     for planned in plan.calls:
         ran = planned.index in executed
         if planned.outcome is not None:
             result: ToolResult | None = planned.outcome
         elif planned.leader is not None:
             led = results[planned.leader]
-            result = None if led is None else _served_again(led, planned.call.id)
+            result = None if led is None else _served_again(led, planned.call_id)
         else:
             result = executed.get(planned.index)
         results.append(result)
         if result is None:
             continue
-        call = planned.call
-        entry = HistoryEntry(run_id=run_id, round=round, index=planned.index, call=call, result=result)
-        history.append(entry)
-        same_tool = tool_history.get(call.name)
-        if same_tool is None:
-            tool_history[call.name] = [entry]
-        else:
-            same_tool.append(entry)
-        if planned.loads_schema:
-            state.loaded.add(call.name)
+        history.add(run_id, round, planned, result)
+        ok = result.status is Status.ok
+        if not ok and planned.loads_schema:
+            state.loaded.add(planned.name)
         if ran and planned.spent_approval:
-            state.spent_approvals.add(call.id)
-        if planned.writes and ran and (result.status is Status.ok or result.effect_uncertain):
-            # a write that may have happened drops what it may have changed
-            _invalidate(state, cache, planned.writes)
-        if result.status is not Status.ok or planned.writes:
-            continue  # failures are never remembered across rounds; writes are never remembered
+            state.spent_approvals.add(planned.call_id)
+        if planned.writes:
+            if ran and (ok or result.effect_uncertain):
+                # a write that may have happened drops what it may have changed
+                _invalidate(state, cache, planned.writes)
+            continue  # writes are never remembered
+        if not ok:
+            continue  # failures are never remembered across rounds
         if planned.key is not None and (ran or result.cached):
-            state.dedupe[planned.key] = DedupeEntry(result=result, reads=planned.reads)
-        policy = planned.tool.tool.cache if planned.tool is not None else None
-        if ran and planned.cache_key is not None and cache is not None and policy:
-            try:
-                cache.set(planned.cache_key, result.content, ttl=policy.ttl, reads=planned.reads)
-            except Exception:
-                log.warning("result cache write failed for %s", call.name, exc_info=True)
+            state.dedupe[planned.key] = DedupeEntry(result, planned.reads)
+        if ran and planned.cache_key is not None and cache is not None and planned.tool is not None:
+            policy = planned.tool.tool.cache
+            if policy is not None:
+                try:
+                    cache.set(planned.cache_key, result.content, ttl=policy.ttl, reads=planned.reads)
+                except Exception:
+                    log.warning("result cache write failed for %s", planned.name, exc_info=True)
+    events: tuple[ToolResultEvent, ...] = ()
     if want_events:
-        events = [
+        events = tuple(
             ToolResultEvent(
                 session_id=session_id, run_id=run_id, round=round, index=i, call=plan.calls[i].call, result=r
             )
             for i, r in enumerate(results)
             if r is not None
-        ]
-    return CommitOutcome(results=tuple(results), events=tuple(events))
+        )
+    return CommitOutcome(results=tuple(results), events=events)

@@ -14,6 +14,7 @@ from cache import ResultCache
 
 from ._core_tools import core_registry
 from ._execute import HookSet
+from ._history import DEFAULT_HISTORY_LIMIT
 from ._plan import DEFAULT_MAX_ARGUMENT_BYTES
 from ._registry import Registry
 from ._results import DEFAULT_MAX_OUTPUT_BYTES
@@ -83,9 +84,11 @@ class Dispatcher:
         mode: str = "deferred",
         core: Sequence[str] = (),
         record: str | os.PathLike[str] | None = None,
+        history_limit: int | None = DEFAULT_HISTORY_LIMIT,
     ) -> Session:
         """The session named `session_id` (made on first use). `record` appends every batch to
-        that JSONL file. `core` names more tools whose schemas go in every request."""
+        that JSONL file. `core` names more tools whose schemas go in every request.
+        `history_limit` is how many committed calls `Session.history` keeps (None: all)."""
         if session_id is None:
             session_id = f"s{len(self._sessions) + 1}"
         found = self._sessions.get(session_id)
@@ -96,7 +99,9 @@ class Dispatcher:
             from ._recording import Recorder
 
             recorder = Recorder(Path(record), registry=self.registry, session_id=session_id, mode=mode)
-        session = Session(self, session_id, mode=mode, core=core, recorder=recorder)
+        session = Session(
+            self, session_id, mode=mode, core=core, recorder=recorder, history_limit=history_limit
+        )
         self._sessions[session_id] = session
         return session
 

@@ -29,7 +29,7 @@ import trio
 from ._exceptions import DispatchInterrupted, HookBlocked, ToolError
 from ._plan import Plan, PlannedCall
 from ._results import failure_result, normalize_output
-from ._types import Status, ToolContext, ToolResult
+from ._types import Status, ToolCall, ToolContext, ToolResult
 
 __all__ = ["Executor", "HookSet", "RunControl", "ToolRunner"]
 
@@ -231,24 +231,30 @@ class Executor:
                 await self._finish(timed_out, result, slot.ctx)
 
     def _timed_out(self, planned: PlannedCall, timeout: float, started: float, t0: float) -> ToolResult:
-        call = planned.call
         return failure_result(
-            call.id,
-            call.name,
+            planned.call_id,
+            planned.name,
             Status.timed_out,
-            f"{call.name} ran past its timeout of {timeout:g} s",
+            f"{planned.name} ran past its timeout of {timeout:g} s",
             effect_uncertain=bool(planned.writes),
             started=started,
             duration=time.monotonic() - t0,
             limit=self._max_out,
         )
 
-    async def _finish(self, planned: PlannedCall, result: ToolResult, ctx: ToolContext) -> None:
-        """Record the result, then run the after hooks; run control is collected, not raised."""
+    async def _finish(
+        self, planned: PlannedCall, result: ToolResult, ctx: ToolContext, call: ToolCall | None = None
+    ) -> None:
+        """Record the result, then run the after hooks (given the same `call` as the before
+        hooks, if any ran); run control is collected, not raised."""
         self.results[planned.index] = result
+        if not self._hooks.after:
+            return
+        if call is None:
+            call = planned.call
         try:
             for after in self._hooks.after:
-                await _maybe_await(after(planned.call, result, ctx))
+                await _maybe_await(after(call, result, ctx))
         except HookBlocked as exc:
             self._block(planned, exc)
         except DispatchInterrupted as exc:
@@ -256,24 +262,25 @@ class Executor:
 
     def _block(self, planned: PlannedCall, exc: HookBlocked) -> None:
         if exc.call_id is None:
-            exc.call_id = planned.call.id
+            exc.call_id = planned.call_id
         self.control.blocked[planned.index] = exc
 
     async def _run_call(self, planned: PlannedCall, slot: _Slot) -> None:
         index = planned.index
-        call = planned.call
         if self._deadline is not None and trio.current_time() >= self._deadline:
             self.results[index] = failure_result(
-                call.id,
-                call.name,
+                planned.call_id,
+                planned.name,
                 Status.expired,
                 "run deadline elapsed before the tool started",
                 limit=self._max_out,
             )
             return
         ctx = self._make_context(planned)
+        hooks = self._hooks
+        call = planned.call if hooks.before or hooks.after else None  # one ToolCall for both
         try:
-            for before in self._hooks.before:
+            for before in hooks.before:
                 await _maybe_await(before(call, ctx))
             result = await self._invoke(planned, ctx, slot)
         except HookBlocked as exc:
@@ -282,19 +289,18 @@ class Executor:
         except DispatchInterrupted as exc:
             self.control.interrupted[index] = exc
             return
-        if self._hooks.after:
-            await self._finish(planned, result, ctx)
+        if hooks.after:
+            await self._finish(planned, result, ctx, call)
         else:
             self.results[index] = result
 
     async def _invoke(self, planned: PlannedCall, ctx: ToolContext, slot: _Slot) -> ToolResult:
         """Run one call under its timeout and a limiter slot; ordinary failures become results."""
-        call = planned.call
         tool = planned.tool
         assert tool is not None
         timeout = self._timeout_of(planned)
         writes = bool(planned.writes)
-        args: Mapping[str, Any] = call.arguments  # type: ignore[assignment]  # pass 1 made it a dict
+        args = planned.args
         borrower = ctx  # one per call, so it tells this call's slot from any other's
         limiter = self._limiter
         try:
@@ -327,15 +333,17 @@ class Executor:
                 return served
             content = normalize_output(value, self._max_out)
             duration = time.monotonic() - t0
-            return ToolResult(call.id, call.name, Status.ok, content, started=started, duration=duration)
+            return ToolResult(
+                planned.call_id, planned.name, Status.ok, content, started=started, duration=duration
+            )
         except (HookBlocked, DispatchInterrupted):
             slot.idle()
             raise
         except ToolError as exc:
             slot.idle()
             return failure_result(
-                call.id,
-                call.name,
+                planned.call_id,
+                planned.name,
                 Status.failed,
                 exc.message,
                 retryable=exc.retryable,
@@ -347,8 +355,8 @@ class Executor:
         except Exception as exc:
             slot.idle()
             return failure_result(
-                call.id,
-                call.name,
+                planned.call_id,
+                planned.name,
                 Status.failed,
                 f"{type(exc).__name__}: {exc}",
                 effect_uncertain=writes,

@@ -142,12 +142,18 @@ class Draft:
         return ToolCall(id=self.call_id, name=self.name, arguments=self.args or {})
 
 
-@attrs.frozen
-class PlannedCall:
-    """One call as pass 1 left it: decided (`outcome`), following a leader, or to run."""
+class PlannedCall(NamedTuple):
+    """One call as pass 1 left it: decided (`outcome`), following a leader, or to run.
 
-    index: int
-    call: ToolCall
+    A named tuple rather than a frozen attrs class: just as immutable, and one is made
+    for every call of every batch, where a frozen attrs class costs three times as much
+    to build (each field goes through `object.__setattr__`). For the same reason the
+    call is kept as its parts and `call` builds the ToolCall only when asked."""
+
+    index: int  # type: ignore[assignment]  # shadows tuple.index, which nothing here uses
+    call_id: str
+    name: str
+    args: Mapping[str, Any]
     tool: RegisteredTool | None
     outcome: ToolResult | None
     leader: int | None
@@ -157,6 +163,11 @@ class PlannedCall:
     concurrent: bool
     cache_key: str | None
     spent_approval: bool
+
+    @property
+    def call(self) -> ToolCall:
+        """The call as it runs: after `run_tool` is unwrapped and rewriters have spoken."""
+        return ToolCall(self.call_id, self.name, self.args)
 
     @property
     def runs(self) -> bool:
@@ -606,7 +617,9 @@ class Planner:
             calls.append(
                 PlannedCall(
                     d.index,
-                    ToolCall(d.call_id, d.name, d.args or {}),
+                    d.call_id,
+                    d.name,
+                    d.args or {},
                     d.entry,
                     outcome,
                     d.leader,

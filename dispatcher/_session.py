@@ -17,6 +17,7 @@ import attrs
 from ._commit import commit
 from ._exceptions import DispatchInterrupted
 from ._execute import Executor, ToolRunner, _maybe_await
+from ._history import DEFAULT_HISTORY_LIMIT, History
 from ._plan import FIND_TOOLS, RUN_TOOL, Draft, PlannedCall, Planner, PlannerState
 from ._providers import tool_entry
 from ._registry import Tool
@@ -69,6 +70,7 @@ class Session:
         mode: str = "deferred",
         core: Iterable[str] = (),
         recorder: Recorder | None = None,
+        history_limit: int | None = DEFAULT_HISTORY_LIMIT,
     ) -> None:
         if mode not in ("deferred", "direct"):
             raise ValueError(f"mode must be 'deferred' or 'direct', got {mode!r}")
@@ -76,8 +78,7 @@ class Session:
         self.id = session_id
         self.mode = mode
         self.state: dict[str, Any] = {}
-        self.history: list[HistoryEntry] = []
-        self._tool_history: dict[str, list[HistoryEntry]] = {}
+        self.history = History(history_limit)
         self._planner_state = PlannerState()
         self._subscribers: list[Subscriber] = []
         self._run_id = 0
@@ -164,20 +165,20 @@ class Session:
         return lambda: self._subscribers.remove(fn)
 
     def tool_history(self, name: str) -> list[HistoryEntry]:
-        return list(self._tool_history.get(name, ()))
+        """The kept calls of tool `name`, oldest first."""
+        return self.history.of_tool(name)
 
     def statistics(self) -> SessionStatistics:
-        by_status: dict[str, int] = {}
-        for h in self.history:
-            by_status[h.status.value] = by_status.get(h.status.value, 0) + 1
+        """Counts over every call this session committed (not only the kept history)."""
+        h = self.history
         return SessionStatistics(
             runs=self._run_id,
             rounds=self._rounds_total,
-            calls=len(self.history),
+            calls=h.calls,
             executed=self._executed,
-            deduped=sum(h.deduped for h in self.history),
-            cached=sum(h.cached for h in self.history),
-            by_status=by_status,
+            deduped=h.deduped,
+            cached=h.cached,
+            by_status=dict(h.by_status),
             loaded=tuple(sorted(self._planner_state.loaded)),
         )
 
@@ -203,8 +204,7 @@ class Session:
         )
 
     def _planned_context(self, planned: PlannedCall) -> ToolContext:
-        call = planned.call
-        return ToolContext(call.id, call.name, self, self._run_id, self._round, self._deadline)
+        return ToolContext(planned.call_id, planned.name, self, self._run_id, self._round, self._deadline)
 
     async def _dispatch(
         self,
@@ -254,7 +254,6 @@ class Session:
                 state=self._planner_state,
                 cache=d.cache,
                 history=self.history,
-                tool_history=self._tool_history,
                 run_id=self._run_id,
                 round=self._round,
                 session_id=self.id,

@@ -9,9 +9,10 @@ import attrs
 import pytest
 
 from cache import CacheEntry, CachePolicy, CacheStatistics, MemoryResultCache, ResultCache
-from dispatcher import Allow, HistoryEntry, Registry, Status, Tool, ToolCall, ToolResult, ToolResultEvent
+from dispatcher import Allow, Registry, Status, Tool, ToolCall, ToolResult, ToolResultEvent
 from dispatcher._commit import CommitOutcome, commit
 from dispatcher._core_tools import core_registry
+from dispatcher._history import History
 from dispatcher._plan import (
     DEFAULT_MAX_ARGUMENT_BYTES,
     DedupeEntry,
@@ -116,8 +117,7 @@ class Harness:
     def __init__(self, cache: ResultCache | None = None, state: PlannerState | None = None) -> None:
         self.cache = cache
         self.state = state if state is not None else PlannerState()
-        self.history: list[HistoryEntry] = []
-        self.tool_history: dict[str, list[HistoryEntry]] = {}
+        self.history = History()
 
     def plan(self, calls: list[ToolCall], decisions: Mapping[str, Any] | None = None) -> Plan:
         planner = Planner(
@@ -148,7 +148,6 @@ class Harness:
             state=self.state,
             cache=self.cache,
             history=self.history,
-            tool_history=self.tool_history,
             run_id=3,
             round=2,
             session_id="s1",
@@ -476,8 +475,8 @@ def test_history_gets_one_entry_per_committed_call() -> None:
     assert (first.started, first.duration) == (100.0, 0.25)
     assert first.result is h.history[0].result and first.call.arguments == {"path": "/a"}
     assert h.history[1].deduped is True
-    assert [e.call_id for e in h.tool_history["read_file"]] == ["c1", "c2"]
-    assert [e.call_id for e in h.tool_history["nope"]] == ["c3"]
+    assert [e.call_id for e in h.history.of_tool("read_file")] == ["c1", "c2"]
+    assert [e.call_id for e in h.history.of_tool("nope")] == ["c3"]
 
 
 def test_history_records_the_unwrapped_call() -> None:
@@ -486,7 +485,7 @@ def test_history_records_the_unwrapped_call() -> None:
     plan = h.plan([tc("run_tool", {"name": "secret_tool", "args": {"x": 4}}, "c1")])
     h.commit(plan, {0: ran(plan, 0)})
     assert (h.history[0].name, dict(h.history[0].args)) == ("secret_tool", {"x": 4})
-    assert "run_tool" not in h.tool_history
+    assert h.history.of_tool("run_tool") == []
 
 
 def test_call_that_never_finished_yields_none() -> None:
@@ -506,7 +505,7 @@ def test_follower_of_an_unfinished_leader_yields_none() -> None:
     plan = h.plan([tc("read_file", {"path": "/a"}, "c1"), tc("read_file", {"path": "/a"}, "c2")])
     out = h.commit(plan, {})
     assert out.results == (None, None)
-    assert h.history == []
+    assert len(h.history) == 0 and h.history.calls == 0
 
 
 def test_events_only_when_wanted() -> None:

@@ -1,0 +1,79 @@
+"""`History`: what a session keeps of its committed calls, for the model and for people.
+
+Pass 3 adds one row per committed call; readers see `HistoryEntry` values, made when
+read. A row is the call's plan and its result, held by reference: committing a call
+copies nothing, and a session that only dispatches never builds an entry. The newest
+`limit` rows are kept (None keeps all); the counts behind `Session.statistics()` cover
+every call ever committed, whatever the limit dropped.
+
+Nothing here runs a tool, touches trio, the disk or the clock.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, overload
+
+from ._types import HistoryEntry, ToolResult
+
+if TYPE_CHECKING:
+    from ._plan import PlannedCall
+
+__all__ = ["DEFAULT_HISTORY_LIMIT", "History"]
+
+DEFAULT_HISTORY_LIMIT = 10_000
+"""Rows a session keeps unless told otherwise: far more than a conversation makes, and a
+bound on what a session that runs for days holds (a row keeps its result's content)."""
+
+_Row = tuple[int, int, "PlannedCall", ToolResult]
+
+
+def _entry(row: _Row) -> HistoryEntry:
+    run_id, round_, planned, result = row
+    return HistoryEntry(run_id=run_id, round=round_, index=planned.index, call=planned.call, result=result)
+
+
+class History(Sequence[HistoryEntry]):
+    """A session's committed calls, oldest first: a read-only sequence of `HistoryEntry`."""
+
+    def __init__(self, limit: int | None = DEFAULT_HISTORY_LIMIT) -> None:
+        if limit is not None and limit < 0:
+            raise ValueError(f"history limit must be None or at least 0, got {limit!r}")
+        self.limit = limit
+        self._rows: collections.deque[_Row] = collections.deque(maxlen=limit)
+        self.calls = 0
+        self.deduped = 0
+        self.cached = 0
+        self.by_status: dict[str, int] = {}
+
+    def add(self, run_id: int, round: int, planned: PlannedCall, result: ToolResult) -> None:
+        """Pass 3: one committed call."""
+        self._rows.append((run_id, round, planned, result))
+        self.calls += 1
+        self.deduped += result.deduped
+        self.cached += result.cached
+        status = result.status.value
+        self.by_status[status] = self.by_status.get(status, 0) + 1
+
+    def of_tool(self, name: str) -> list[HistoryEntry]:
+        """The kept calls of one tool (as run: after `run_tool` and rewriters), oldest first."""
+        return [_entry(row) for row in self._rows if row[2].name == name]
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> HistoryEntry: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[HistoryEntry]: ...
+    def __getitem__(self, index: int | slice) -> HistoryEntry | list[HistoryEntry]:
+        if isinstance(index, slice):
+            return [_entry(row) for row in list(self._rows)[index]]
+        return _entry(self._rows[index])
+
+    def __iter__(self) -> Iterator[HistoryEntry]:
+        return (_entry(row) for row in self._rows)
+
+    def __repr__(self) -> str:
+        return f"<History of {len(self._rows)} call(s), {self.calls} committed in all>"
