@@ -49,6 +49,7 @@ from .workloads import (
     RunnerFactory,
     measure_concurrency,
     measure_memory,
+    measure_overhead_interleaved,
     measure_system,
     run_in_loop,
 )
@@ -60,6 +61,9 @@ DEFAULT_OUTPUT = _REPO_ROOT / "bench" / "RESULTS.md"
 
 #: What a cell shows when the system was not measured on that workload.
 _NO_FIGURE = "\N{EN DASH}"
+
+#: Workload 1 alternates between the systems this many times (one block each per turn).
+OVERHEAD_BLOCKS = 5
 
 #: The goals of the issue that asked for this harness.
 TOOLNODE_GOAL = 8.0
@@ -91,7 +95,7 @@ def _measure(title: str, factory: RunnerFactory, memory_ref: str, plan: Plan) ->
     """
     started = time.perf_counter()
     entry: dict[str, Any] = {"title": title, "status": "ok", "loop": factory().loop}
-    entry.update(measure_system(factory, plan.quick))
+    entry.update(measure_system(factory, plan.quick, overhead=False))  # workload 1: interleaved, later
     if plan.memory:
         entry["memory"] = measure_memory(memory_ref, Rounds.choose(plan.quick).memory_calls)
     entry["seconds"] = round(time.perf_counter() - started, 1)
@@ -123,6 +127,27 @@ def _measure_peer(peer: PeerClass, plan: Plan) -> dict[str, Any]:
         return {"title": peer.title, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
     entry["versions"] = versions(peer.distributions)
     return entry
+
+
+def _overhead(
+    systems: dict[str, Any], plan: Plan, progress: Callable[[str], object] = lambda line: None
+) -> None:
+    """Workload 1 for every system measured so far, in alternating blocks (see
+    `measure_overhead_interleaved`), so that the ratios between them share the machine's
+    slow spells. A system that fails here is marked failed."""
+    factories: dict[str, RunnerFactory] = {"floor": FloorRunner, "threepass": ThreepassRunner}
+    factories.update({p.name: p for p in plan.peers if systems.get(p.name, {}).get("status") == "ok"})
+    factories = {name: f for name, f in factories.items() if name in systems}
+    blocks = 1 if plan.quick else OVERHEAD_BLOCKS
+    progress(f"overhead, {blocks} block(s) per system, alternating: {', '.join(factories)}...")
+    gc.collect()
+    started = time.perf_counter()
+    for name, figures in measure_overhead_interleaved(factories, plan.quick, blocks).items():
+        if "error" in figures:
+            systems[name] = {"title": systems[name]["title"], "status": "failed", "error": figures["error"]}
+        else:
+            systems[name]["overhead"] = figures
+    progress(f"overhead: ok ({time.perf_counter() - started:.1f} s)")
 
 
 def _load_average() -> list[float]:
@@ -205,6 +230,7 @@ def collect(plan: Plan, progress: Callable[[str], object] = lambda line: None) -
         progress(f"interleaved figures: ok ({time.perf_counter() - costs_started:.1f} s)")
     for peer in plan.peers:
         step(peer.name, functools.partial(_measure_peer, peer, plan))
+    _overhead(systems, plan, progress)
     report["environment"]["load_average_at_end"] = _load_average()
     report["environment"]["seconds"] = round(time.perf_counter() - started, 1)
     return report
@@ -365,10 +391,12 @@ _PROSE = """\
   answers; for threepass each batch is a new run in one session, so nothing is deduped
   across batches in the overhead rows.
 - **Figures** are medians; a figure in brackets is its ratio to threepass's figure in the
-  same column. Systems are measured one after another, so their ratios carry the noise
-  of a shared machine, and the floor's row comes first, in a process that has done
-  little yet. The section "threepass against the floor" interleaves the two round by
-  round, in the same process state; the floor goal is read there.
+  same column. The per-call columns (workload 1) alternate between the systems: each
+  runs a fifth of its rounds in a new event loop, then the next system, five times
+  round, and each figure is the median of its five block medians, so a slow spell of
+  the shared machine falls on every system alike. The other workloads run one system
+  after another. The section "threepass against the floor" goes further and
+  interleaves the two batch by batch on one trio loop; the floor goal is read there.
 - **Concurrency.** threepass's default limit is half the cores, at least 3: on a 2-core
   machine it is 3, so 16 naps of 100 ms take ceil(16/3) x 100 = 600 ms by design. The
   rows at limits 3 and 8 show the limiter at work; the peers start all 16 at once.

@@ -38,6 +38,7 @@ nursery. Every system's overhead is read against it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import importlib
 import json
@@ -557,15 +558,16 @@ async def measure_mixed(factory: RunnerFactory, rounds: Rounds) -> dict[str, Any
     return figures
 
 
-async def run_workloads(factory: RunnerFactory, quick: bool = False) -> dict[str, Any]:
-    """Workloads 1-4 for one system, inside whatever loop is running."""
+async def run_workloads(factory: RunnerFactory, quick: bool = False, overhead: bool = True) -> dict[str, Any]:
+    """Workloads 1-4 for one system, inside whatever loop is running (1 only if ``overhead``)."""
     rounds = Rounds.choose(quick)
-    return {
-        "overhead": await measure_overhead(factory, rounds),
-        "concurrency": await measure_concurrency(factory, rounds),
-        "repetition": await measure_repetition(factory, rounds),
-        "mixed": await measure_mixed(factory, rounds),
-    }
+    figures: dict[str, Any] = {}
+    if overhead:
+        figures["overhead"] = await measure_overhead(factory, rounds)
+    figures["concurrency"] = await measure_concurrency(factory, rounds)
+    figures["repetition"] = await measure_repetition(factory, rounds)
+    figures["mixed"] = await measure_mixed(factory, rounds)
+    return figures
 
 
 def run_in_loop(loop: LoopName, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -575,11 +577,61 @@ def run_in_loop(loop: LoopName, fn: Callable[[], Coroutine[Any, Any, Any]]) -> A
     return trio.run(fn)
 
 
-def measure_system(factory: RunnerFactory, quick: bool = False) -> dict[str, Any]:
+def measure_system(factory: RunnerFactory, quick: bool = False, overhead: bool = True) -> dict[str, Any]:
     """Workloads 1-4 for one system in its own event loop (``asyncio.run`` or ``trio.run``)."""
     loop = factory().loop
-    result: dict[str, Any] = run_in_loop(loop, lambda: run_workloads(factory, quick))
+    result: dict[str, Any] = run_in_loop(loop, lambda: run_workloads(factory, quick, overhead))
     return result
+
+
+def measure_overhead_interleaved(
+    factories: Mapping[str, RunnerFactory], quick: bool = False, blocks: int = 5
+) -> dict[str, dict[str, Any]]:
+    """Workload 1 for several systems, in ``blocks`` turns: each system runs a block of
+    the rounds in its own new event loop, then the next system, and round again.
+
+    Systems on different event loops cannot alternate batch by batch; alternating blocks
+    spreads a shared machine's slow spells over all of them alike. Each figure is the
+    median of the per-block figures. A system that fails is left out of later blocks and
+    reported as ``{"error": ...}``.
+    """
+    rounds = Rounds.choose(quick)
+    blocks = max(1, blocks)
+    per_block = dataclasses.replace(
+        rounds, overhead={size: max(1, n // blocks) for size, n in rounds.overhead.items()}
+    )
+    found: dict[str, list[dict[str, Any]]] = {name: [] for name in factories}
+    failed: dict[str, str] = {}
+    for _ in range(blocks):
+        for name, factory in factories.items():
+            if name in failed:
+                continue
+            try:
+                figures = run_in_loop(factory().loop, lambda f=factory: measure_overhead(f, per_block))
+            except Exception as exc:  # a peer's API drift must not sink the others
+                failed[name] = f"{type(exc).__name__}: {exc}"
+                continue
+            found[name].append(figures)
+    combined: dict[str, dict[str, Any]] = {}
+    for name, per in found.items():
+        if name in failed:
+            combined[name] = {"error": failed[name]}
+            continue
+        merged: dict[str, Any] = {"blocks": len(per)}
+        for key in per[0]:
+            first = per[0][key]
+            if isinstance(first, dict):
+                merged[key] = {
+                    k: statistics.median(block[key][k] for block in per)
+                    for k, v in first.items()
+                    if isinstance(v, int | float)
+                }
+                if "rounds" in first:
+                    merged[key]["rounds"] = sum(block[key]["rounds"] for block in per)
+            elif isinstance(first, int | float):
+                merged[key] = statistics.median(block[key] for block in per)
+        combined[name] = merged
+    return combined
 
 
 # --------------------------------------------------------------------------- goals
