@@ -74,7 +74,7 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypeGuard
@@ -113,6 +113,11 @@ _SELECT_VALUE: Final = (
     "SELECT rowid, access_time, mode, filename, value FROM Cache"
     " WHERE key = ? AND raw = 1 AND (expire_time IS NULL OR expire_time > ?)"
 )
+_SELECT_VALUES: Final = (
+    "SELECT key, rowid, access_time, mode, filename, value FROM Cache"
+    " WHERE key IN ({}) AND raw = 1 AND (expire_time IS NULL OR expire_time > ?)"
+)
+_MANY: Final = 500  # keys per query, well under SQLite's limit on parameters
 _TOUCH: Final = "UPDATE Cache SET access_time = ? WHERE rowid = ?"
 
 # What a broken folder or database raises; anything else is a bug and propagates.
@@ -233,15 +238,10 @@ def _connection(store: Any) -> sqlite3.Connection:
     return con
 
 
-def _read_value(store: Any, key: str) -> bytes | None:
-    """The stored bytes under `key` (None if absent), refreshing its LRU access time
-    when that is over a minute old. `_Undecodable` if the value is not bytes."""
-    con = _connection(store)
-    wall_now = time.time()  # diskcache's expire_time and access_time are wall time
-    rows = con.execute(_SELECT_VALUE, (key, wall_now)).fetchall()
-    if not rows:
-        return None
-    ((rowid, access_time, mode, filename, value),) = rows
+def _stored_bytes(store: Any, row: tuple[Any, ...], wall_now: float) -> bytes | None:
+    """The bytes of one row of `_SELECT_VALUE` (None if its file is gone), refreshing its
+    LRU access time when that is over a minute old. `_Undecodable` if they are not bytes."""
+    rowid, access_time, mode, filename, value = row
     if mode not in (MODE_RAW, MODE_BINARY):  # text or a pickle: not ours, never loaded
         raise _Undecodable(f"stored in diskcache mode {mode!r}, not as bytes")
     try:
@@ -251,8 +251,28 @@ def _read_value(store: Any, key: str) -> bytes | None:
     if not isinstance(raw, bytes):
         raise _Undecodable(f"expected bytes, got {type(raw).__name__}")
     if not (isinstance(access_time, float) and wall_now - access_time < _TOUCH_AFTER):
-        con.execute(_TOUCH, (wall_now, rowid))
+        _connection(store).execute(_TOUCH, (wall_now, rowid))
     return raw
+
+
+def _read_value(store: Any, key: str) -> bytes | None:
+    """The stored bytes under `key` (None if absent); see `_stored_bytes`."""
+    wall_now = time.time()  # diskcache's expire_time and access_time are wall time
+    rows = _connection(store).execute(_SELECT_VALUE, (key, wall_now)).fetchall()
+    return _stored_bytes(store, rows[0], wall_now) if rows else None
+
+
+def _read_values(store: Any, keys: Sequence[str]) -> dict[str, tuple[Any, ...]]:
+    """The `_SELECT_VALUE` row of each key present, in one query per `_MANY` keys."""
+    con = _connection(store)
+    wall_now = time.time()
+    rows: dict[str, tuple[Any, ...]] = {}
+    for start in range(0, len(keys), _MANY):
+        chunk = keys[start : start + _MANY]
+        query = _SELECT_VALUES.format(", ".join("?" * len(chunk)))
+        for key, *row in con.execute(query, (*chunk, wall_now)):
+            rows[key] = tuple(row)
+    return rows
 
 
 class DiskResultCache:
@@ -312,16 +332,52 @@ class DiskResultCache:
             return None
         try:
             raw = _read_value(store, key)
-            if raw is None:
-                self._counters.misses += 1
-                return None
-            expires_at, entry = _decode(raw)
         except _Undecodable:
             self._counters.errors += 1
             self._counters.misses += 1
             return None
         except _STORE_FAILURES as exc:
             self._disable("read from", exc)
+            self._counters.misses += 1
+            return None
+        return self._live(raw)
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, CacheEntry]:
+        store = self._store
+        if store is None or len(keys) < 2:
+            # one key is one query either way, and a broken store counts its misses in get
+            return {k: e for k in keys if (e := self.get(k)) is not None}
+        found: dict[str, CacheEntry] = {}
+        asked = list(dict.fromkeys(keys))
+        done = 0
+        try:
+            rows = _read_values(store, asked)
+            wall_now = time.time()
+            for key in asked:
+                row = rows.get(key)
+                try:
+                    raw = None if row is None else _stored_bytes(store, row, wall_now)
+                except _Undecodable:
+                    self._counters.errors += 1
+                    raw = None
+                done += 1
+                entry = self._live(raw)
+                if entry is not None:
+                    found[key] = entry
+        except _STORE_FAILURES as exc:
+            self._disable("read from", exc)
+            self._counters.misses += len(asked) - done  # the keys never answered
+        return found
+
+    def _live(self, raw: bytes | None) -> CacheEntry | None:
+        """The entry in a stored value if it decodes and has not expired, counted."""
+        if raw is None:
+            self._counters.misses += 1
+            return None
+        try:
+            expires_at, entry = _decode(raw)
+        except _Undecodable:
+            self._counters.errors += 1
             self._counters.misses += 1
             return None
         if self._clock() >= expires_at:

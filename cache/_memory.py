@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from ._policy import resources_overlap
 from ._protocol import CacheCounters, CacheEntry, CacheStatistics
@@ -33,6 +33,14 @@ class MemoryResultCache:
             return None
         self._counters.hits += 1
         return entry
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, CacheEntry]:
+        found = {}
+        for key in dict.fromkeys(keys):  # each distinct key counted once, as a disk store does
+            entry = self.get(key)
+            if entry is not None:
+                found[key] = entry
+        return found
 
     def set(self, key: str, content: str, *, ttl: float, reads: Iterable[str] = ()) -> None:
         now = self._clock()

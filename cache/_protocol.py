@@ -6,7 +6,7 @@ their own clock (injectable) for expiry. Nothing from `dispatcher` is imported h
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 import attrs
@@ -63,6 +63,11 @@ class ResultCache(Protocol):
 
     def get(self, key: str) -> CacheEntry | None:
         """The live entry under `key`, or None (missing, expired, unreadable)."""
+        ...
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, CacheEntry]:
+        """The live entries among `keys`, as `get` would find each: pass 1 asks once per
+        batch, so a store can answer in one round trip. Counted as one get per key."""
         ...
 
     def set(self, key: str, content: str, *, ttl: float, reads: Iterable[str] = ()) -> None:

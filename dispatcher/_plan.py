@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import attrs
 import xxhash
 
-from cache import ResultCache, carries_credentials, resources_overlap
+from cache import CacheEntry, ResultCache, carries_credentials, resources_overlap
 
 from ._registry import RegisteredTool, Registry
 from ._results import failure_result
@@ -369,8 +369,7 @@ class Planner:
     # -- 4..7: existence, deferred schemas, dedupe and cache, validation -----------
 
     def resolve(self, drafts: list[Draft]) -> None:
-        leaders: dict[str, Draft] = {}
-        pending_writes: list[str] = []
+        keyed: list[Draft] = []
         for d in drafts:
             if d.step != "parsed":
                 continue
@@ -378,8 +377,14 @@ class Planner:
             if entry is None:
                 continue
             d.entry = entry
-            if not self._key(d, entry):
-                continue
+            if self._key(d, entry):
+                keyed.append(d)
+        cached = self._prefetch(keyed)
+        leaders: dict[str, Draft] = {}
+        pending_writes: list[str] = []
+        for d in keyed:
+            entry = d.entry
+            assert entry is not None
             d.advance("resolved")
             if not d.writes:
                 leader = None if d.force else leaders.get(d.key or "")
@@ -387,7 +392,7 @@ class Planner:
                     d.leader = leader.index
                     d.advance("following")
                     continue
-                if not d.force and self._lookup_earlier(d, pending_writes):
+                if not d.force and self._lookup_earlier(d, pending_writes, cached):
                     continue
                 leaders[d.key or ""] = d
             else:
@@ -507,14 +512,37 @@ class Planner:
                 else xxhash.xxh3_128_hexdigest(f"{d.key}\x00{self._session_id}".encode())
             )
 
-    def _lookup_earlier(self, d: Draft, pending_writes: list[str]) -> bool:
+    def _prefetch(self, keyed: Sequence[Draft]) -> Mapping[str, CacheEntry | None]:
+        """The result cache's answer for every cache key pass 1 is likely to look up, asked
+        in one `get_many` (one query to a disk store, not one per call): the first call of
+        each key that is neither forced nor remembered in this run. None: a miss."""
+        if self._cache is None:
+            return {}
+        dedupe = self._state.dedupe
+        wanted = list(
+            dict.fromkeys(
+                d.cache_key
+                for d in keyed
+                if d.cache_key is not None and not d.force and d.key not in dedupe
+            )
+        )
+        if not wanted:
+            return {}
+        found: dict[str, CacheEntry | None] = dict.fromkeys(wanted)
+        found.update(self._cache.get_many(wanted))
+        return found
+
+    def _lookup_earlier(
+        self, d: Draft, pending_writes: list[str], cached: Mapping[str, CacheEntry | None]
+    ) -> bool:
         """A success earlier in this run, or in the result cache -> decided, nothing runs."""
         found = self._state.dedupe.get(d.key or "")
         if found is not None and not (pending_writes and resources_overlap(found.reads, pending_writes)):
             d.decide(_served_again(found.result, d.call_id))
             return True
         if d.cache_key is not None and self._cache is not None:
-            hit = self._cache.get(d.cache_key)
+            key = d.cache_key
+            hit = cached[key] if key in cached else self._cache.get(key)
             if hit is not None and not (pending_writes and resources_overlap(hit.reads, pending_writes)):
                 d.decide(
                     ToolResult(

@@ -656,3 +656,70 @@ def test_tripwire_notices_unpickling() -> None:
     assert pickle.loads(pickle.dumps(Tripwire())) == "loaded"
     assert len(tripped) == before + 1
     tripped.pop()
+
+
+# --- many keys at once --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("store", ["disk", "memory"])
+def test_get_many_answers_as_get_would(store: str, folder: Path, clock: FakeClock) -> None:
+    """get_many returns the live entries among the keys, as get finds each, and counts them alike."""
+    made: ResultCache = (
+        DiskResultCache(folder, clock=clock) if store == "disk" else MemoryResultCache(clock=clock)
+    )
+    made.set("a", "A", ttl=60, reads=["file:/a"])
+    made.set("b", "B", ttl=10)
+    made.set("c", "C" * 50_000, ttl=60)  # a value in its own file
+    clock.now += 30  # b has expired
+    found = made.get_many(["a", "b", "c", "missing", "a"])
+    assert sorted(found) == ["a", "c"]
+    assert found["a"] == CacheEntry("A", frozenset({"file:/a"}), clock.now - 30)
+    assert found["c"].content == "C" * 50_000
+    stats = made.statistics()
+    # every distinct key asked counts once: a and c hit; b expired; "missing" missed
+    assert (stats.hits, stats.misses, stats.expired) == (2, 2, 1)
+
+
+def test_get_many_on_disk_reads_hundreds_of_keys(disk: DiskResultCache) -> None:
+    """More keys than one query takes are read in several, and every one is found."""
+    keys = [f"k{i:04d}" for i in range(1_234)]
+    for i, key in enumerate(keys):
+        if i % 3:
+            disk.set(key, f"v{i}", ttl=60)
+    found = disk.get_many(keys)
+    assert {k: e.content for k, e in found.items()} == {k: f"v{i}" for i, k in enumerate(keys) if i % 3}
+    assert disk.statistics().hits == len(found) and disk.statistics().misses == len(keys) - len(found)
+
+
+def test_get_many_counts_an_undecodable_value_and_serves_the_rest(folder: Path, clock: FakeClock) -> None:
+    """One value that is not an entry is a counted error among otherwise good hits."""
+    disk = DiskResultCache(folder, clock=clock)
+    disk.set("good", "G", ttl=60)
+    diskcache.Cache(folder).set("bad", b"not json")
+    assert {k: e.content for k, e in disk.get_many(["bad", "good"]).items()} == {"good": "G"}
+    stats = disk.statistics()
+    assert (stats.hits, stats.misses, stats.errors) == (1, 1, 1)
+    assert disk.healthy
+
+
+def test_get_many_on_a_disabled_store_is_all_misses(folder: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A store whose database is broken answers get_many with nothing, counted as misses."""
+    folder.mkdir()
+    (folder / "cache.db").write_bytes(b"this is not sqlite\x00" * 500)
+    broken = DiskResultCache(folder)
+    assert broken.get_many(["a", "b"]) == {}
+    assert broken.statistics().misses == 2
+    assert not broken.healthy and len(warnings_from_cache(caplog)) == 1
+
+
+def test_get_many_failing_mid_read_disables_once(
+    disk: DiskResultCache, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database that fails during get_many disables the store with one warning; no call fails."""
+    disk.set("a", "A", ttl=60)
+    disk.set("b", "B", ttl=60)
+    disk._store._con.close()  # type: ignore[union-attr]  # the next query raises sqlite3.ProgrammingError
+    assert disk.get_many(["a", "b"]) == {}
+    assert not disk.healthy
+    assert disk.statistics().misses == 2
+    assert len(warnings_from_cache(caplog)) == 1

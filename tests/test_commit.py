@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -96,6 +96,9 @@ class RecordingCache:
 
     def get(self, key: str) -> CacheEntry | None:
         return None
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, CacheEntry]:
+        return {}
 
     def set(self, key: str, content: str, *, ttl: float, reads: Iterable[str] = ()) -> None:
         self.sets.append((key, content, ttl, frozenset(reads)))

@@ -636,6 +636,56 @@ async def test_shared_cache_serves_other_sessions_and_credentials_are_never_stor
     assert not forced.cached and len(runs) == 4 and store.statistics().writes == 2
 
 
+class CountingCache(MemoryResultCache):
+    """A memory store that counts how pass 1 asks it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[tuple[str, int]] = []
+        self._inside = False
+
+    def get(self, key: str) -> Any:
+        if not self._inside:  # the memory store's get_many asks get for each key
+            self.asked.append(("get", 1))
+        return super().get(key)
+
+    def get_many(self, keys: Any) -> Any:
+        self.asked.append(("get_many", len(keys)))
+        self._inside = True
+        try:
+            return super().get_many(keys)
+        finally:
+            self._inside = False
+
+
+async def test_a_batch_asks_the_result_cache_once() -> None:
+    """Pass 1 asks the store for every distinct, unforced, unremembered key of a batch in one get_many."""
+    runs: list[str] = []
+
+    async def fetch(args: Mapping[str, Any], ctx: Any) -> str:
+        runs.append(args["url"])
+        return "page " + args["url"]
+
+    schema = {"type": "object", "properties": {"url": {"type": "string"}}}
+    reg = Registry([Tool("fetch", "f", fetch, schema, concurrent=True, deferred=False, cache=CachePolicy())])
+    store = CountingCache()
+    d = Dispatcher(reg, cache=store)
+    urls = ["https://a/", "https://b/", "https://a/", "https://c/"]
+    await d.session("warm").dispatch([ToolCall("w", "fetch", {"url": "https://a/"})])
+    store.asked.clear()
+    s = d.session("s")
+    batch = [ToolCall(f"{i}", "fetch", {"url": u}) for i, u in enumerate(urls)]
+    batch.append(ToolCall("f", "fetch", {"url": "https://b/", "force": True}))
+    results = await s.dispatch(batch)
+    assert store.asked == [("get_many", 3)]  # a, b, c: the repeat follows, the forced call skips
+    assert [r.cached for r in results] == [True, False, True, False, False]
+    assert not results[4].deduped  # forced: it ran again
+    assert runs == ["https://a/", "https://b/", "https://c/", "https://b/"]
+    store.asked.clear()
+    await s.dispatch(batch[:4])  # the same run: all remembered, the store is not asked
+    assert store.asked == []
+
+
 async def test_session_scoped_cache_stays_in_its_session() -> None:
     """A session-scoped entry serves its own session only."""
     runs: list[int] = []
