@@ -301,7 +301,9 @@ class Executor:
         timeout = self._timeout_of(planned)
         writes = bool(planned.writes)
         args = planned.args
-        borrower = ctx  # one per call, so it tells this call's slot from any other's
+        # one per call, hashed by identity: a ToolContext hashes by value, and two calls of
+        # a batch may share an id
+        borrower = object()
         limiter = self._limiter
         try:
             limiter.acquire_on_behalf_of_nowait(borrower)

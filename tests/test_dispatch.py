@@ -80,6 +80,19 @@ async def test_results_come_back_in_call_order_with_ids() -> None:
     assert all(r.status is Status.ok for r in results)
 
 
+async def test_calls_that_share_an_id_run_side_by_side(autojump_clock: Any) -> None:
+    """Two concurrent calls of a batch with the same id (a model's slip) both run and answer."""
+    d, counter, _ = setup()
+    s = d.session("s", mode="direct")
+    calls = [openai_call("same", "nap", {"ms": 20}), openai_call("same", "nap", {"ms": 10})]
+    results = await s.dispatch(calls)
+    assert [(r.call_id, r.content, r.status) for r in results] == [
+        ("same", "slept 20", Status.ok),
+        ("same", "slept 10", Status.ok),
+    ]
+    assert counter.most == 2
+
+
 async def test_every_status_of_the_failure_table_from_a_real_path(autojump_clock: Any) -> None:
     """ok, failed, rejected, invalid_arguments, schema_required, denied, timed_out, expired."""
     counter = Counter()
