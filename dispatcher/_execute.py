@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import inspect
 import math
 import threading
@@ -149,6 +150,7 @@ class Executor:
         self._runner = runner
         self.results: dict[int, ToolResult] = {}
         self.control = RunControl()
+        self._nested = False
 
     def _timeout_of(self, planned: PlannedCall) -> float:
         tool = planned.tool
@@ -156,6 +158,19 @@ class Executor:
 
     async def run(self, plan: Plan) -> None:
         calls = plan.calls
+        # A handler that dispatches (`ctx.dispatcher.invoke(...)`) holds a slot of this
+        # limiter while it waits: its calls run on that slot, one at a time (whatever the
+        # handler runs side by side), instead of waiting for a slot that every holder may
+        # be waiting for too.
+        holder = _RUNNING_ON.get()
+        if holder is not None and holder.limiter is self._limiter:
+            self._nested = True
+            async with holder.lock():
+                for group in plan.groups:
+                    await self._worker(collections.deque(calls[i] for i in group), _Slot(watched=False))
+                    if self.control:
+                        return
+            return
         for group in plan.groups:
             if len(group) == 1:
                 await self._worker(collections.deque((calls[group[0]],)), _Slot(watched=False))
@@ -217,18 +232,22 @@ class Executor:
                     await crew.done.wait()
 
     async def _worker(self, todo: collections.deque[PlannedCall], slot: _Slot) -> None:
-        while True:
-            with trio.CancelScope() as scope:
-                slot.scope = scope
-                while todo:
-                    await self._run_call(todo.popleft(), slot)
-                return
-            # only the watchdog cancels this scope: the running call timed out
-            timed_out = slot.running
-            if timed_out is not None and slot.ctx is not None:
-                slot.running = None
-                result = self._timed_out(timed_out, slot.timeout, slot.started, slot.t0)
-                await self._finish(timed_out, result, slot.ctx)
+        running_on = _RUNNING_ON.set(_Holder(self._limiter))  # the slot a handler run here holds
+        try:
+            while True:
+                with trio.CancelScope() as scope:
+                    slot.scope = scope
+                    while todo:
+                        await self._run_call(todo.popleft(), slot)
+                    return
+                # only the watchdog cancels this scope: the running call timed out
+                timed_out = slot.running
+                if timed_out is not None and slot.ctx is not None:
+                    slot.running = None
+                    result = self._timed_out(timed_out, slot.timeout, slot.started, slot.t0)
+                    await self._finish(timed_out, result, slot.ctx)
+        finally:
+            _RUNNING_ON.reset(running_on)
 
     def _timed_out(self, planned: PlannedCall, timeout: float, started: float, t0: float) -> ToolResult:
         return failure_result(
@@ -301,16 +320,18 @@ class Executor:
         timeout = self._timeout_of(planned)
         writes = bool(planned.writes)
         args = planned.args
-        # one per call, hashed by identity: a ToolContext hashes by value, and two calls of
-        # a batch may share an id
-        borrower = object()
         limiter = self._limiter
-        try:
-            limiter.acquire_on_behalf_of_nowait(borrower)
-        except trio.WouldBlock:
-            await limiter.acquire_on_behalf_of(borrower)
+        borrower: object | None = None  # nested: the calling handler's slot, nothing to take
+        if not self._nested:
+            # one per call, hashed by identity: a ToolContext hashes by value, and two calls
+            # of a batch may share an id
+            borrower = object()
+            try:
+                limiter.acquire_on_behalf_of_nowait(borrower)
+            except trio.WouldBlock:
+                await limiter.acquire_on_behalf_of(borrower)
         # a sync call's slot is given back by its thread (it may outlive a timeout)
-        release = self._runner is not None or tool.is_async
+        release = borrower is not None and (self._runner is not None or tool.is_async)
         started = time.time()
         t0 = time.monotonic()
         try:
@@ -371,7 +392,7 @@ class Executor:
                 limiter.release_on_behalf_of(borrower)
 
     def _start(
-        self, planned: PlannedCall, ctx: ToolContext, args: Mapping[str, Any], borrower: object
+        self, planned: PlannedCall, ctx: ToolContext, args: Mapping[str, Any], borrower: object | None
     ) -> Awaitable[Any]:
         """What to await for the handler's return value (or, in replay, the runner's recorded
         result). Not itself a coroutine: an async handler's own coroutine is awaited directly."""
@@ -389,11 +410,12 @@ class Executor:
         handler: Callable[..., Any],
         args: Mapping[str, Any],
         ctx: ToolContext,
-        borrower: object,
+        borrower: object | None,
         state: _Abandonable,
     ) -> Any:
         """Run a sync handler in a worker thread. Past its timeout (or on cancellation) the
-        call is reported at once, but the thread keeps its limiter slot until it returns."""
+        call is reported at once, but the thread keeps its limiter slot until it returns.
+        `borrower` None: the slot is a calling handler's, not this call's to give back."""
         limiter = self._limiter
         token = trio.lowlevel.current_trio_token()
 
@@ -404,7 +426,7 @@ class Executor:
                 with state.lock:
                     state.finished = True
                     give_back = state.abandoned
-                if give_back:
+                if give_back and borrower is not None:
                     # if the loop is gone, its limiter went with it
                     with contextlib.suppress(trio.RunFinishedError):
                         trio.from_thread.run_sync(limiter.release_on_behalf_of, borrower, trio_token=token)
@@ -415,12 +437,32 @@ class Executor:
             with state.lock:
                 state.abandoned = not state.finished
                 give_back_now = not state.abandoned
-            if give_back_now:
+            if give_back_now and borrower is not None:
                 limiter.release_on_behalf_of(borrower)
             raise
-        limiter.release_on_behalf_of(borrower)
+        if borrower is not None:
+            limiter.release_on_behalf_of(borrower)
         return value
 
+
+@attrs.define(eq=False)
+class _Holder:
+    """A worker's slot of `limiter`, which the handler it runs may lend to its own dispatches."""
+
+    limiter: trio.CapacityLimiter
+    _lock: trio.Lock | None = None
+
+    def lock(self) -> trio.Lock:
+        """Taken by each dispatch on this slot, so they run one at a time (made when first needed)."""
+        if self._lock is None:
+            self._lock = trio.Lock()
+        return self._lock
+
+
+_RUNNING_ON: contextvars.ContextVar[_Holder | None] = contextvars.ContextVar(
+    "threepass_running_on", default=None
+)
+"""The slot the current task's handler holds, if any (see `Executor.run`)."""
 
 # The dispatcher's own limiter bounds sync calls too; trio's thread limiter must not add a second bound.
 _UNLIMITED = trio.CapacityLimiter(math.inf)

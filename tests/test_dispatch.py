@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping
@@ -91,6 +92,86 @@ async def test_calls_that_share_an_id_run_side_by_side(autojump_clock: Any) -> N
         ("same", "slept 10", Status.ok),
     ]
     assert counter.most == 2
+
+
+def _nesting_registry(inner_runs: list[int], sync: bool) -> Registry:
+    """`outer` (concurrent) calls `inner` through `ctx.dispatcher.invoke` while holding its slot."""
+
+    async def inner(args: Mapping[str, Any], ctx: Any) -> str:
+        await trio.sleep(0.01)
+        inner_runs.append(args["n"])
+        return f"inner {args['n']}"
+
+    async def outer(args: Mapping[str, Any], ctx: Any) -> str:
+        await trio.sleep(0.01)  # every outer call holds a slot before any inner one starts
+        found = await ctx.dispatcher.invoke("inner", {"n": args["n"]}, session=ctx.session)
+        return f"outer {args['n']}: {found.content}"
+
+    def outer_sync(args: Mapping[str, Any], ctx: Any) -> str:
+        invoke = functools.partial(ctx.dispatcher.invoke, session=ctx.session)
+        found = trio.from_thread.run(invoke, "inner", {"n": args["n"]})
+        return f"outer {args['n']}: {found.content}"
+
+    n_schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    return Registry(
+        [
+            Tool("inner", "i", inner, n_schema, concurrent=True, deferred=False),
+            Tool("outer", "o", outer_sync if sync else outer, n_schema, concurrent=True, deferred=False),
+        ]
+    )
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+async def test_handlers_that_invoke_tools_never_deadlock_at_the_limit(sync: bool) -> None:
+    """Calls that each invoke another tool, as many as the limit allows at once, all finish:
+    a nested call runs on its caller's slot, and the limit is never exceeded."""
+    inner_runs: list[int] = []
+    d = Dispatcher(_nesting_registry(inner_runs, sync), max_concurrent=3)
+    s = d.session("s", mode="direct")
+    with trio.fail_after(10):
+        results = await s.dispatch([openai_call(f"o{n}", "outer", {"n": n}) for n in range(5)])
+    assert [r.content for r in results] == [f"outer {n}: inner {n}" for n in range(5)]
+    assert sorted(inner_runs) == list(range(5))
+    assert d.limiter.borrowed_tokens == 0
+    assert s.statistics().calls == 10
+
+
+async def test_a_handler_that_invokes_side_by_side_stays_on_its_slot(autojump_clock: Any) -> None:
+    """A handler that runs three invokes at once still runs them one at a time on its slot."""
+    counter = Counter()
+    n_schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+    async def inner(args: Mapping[str, Any], ctx: Any) -> str:
+        counter.enter("inner", str(args["n"]))
+        await trio.sleep(1)
+        counter.leave()
+        return str(args["n"])
+
+    async def fan_out(args: Mapping[str, Any], ctx: Any) -> str:
+        found: list[str] = []
+
+        async def one(n: int) -> None:
+            result = await ctx.dispatcher.invoke("inner", {"n": n}, session=ctx.session)
+            found.append(result.content)
+
+        async with trio.open_nursery() as nursery:
+            for k in range(3):
+                nursery.start_soon(one, args["n"] * 10 + k)
+        return ",".join(sorted(found))
+
+    reg = Registry(
+        [
+            Tool("inner", "i", inner, n_schema, concurrent=True, deferred=False),
+            Tool("fan_out", "f", fan_out, n_schema, concurrent=True, deferred=False),
+        ]
+    )
+    d = Dispatcher(reg, max_concurrent=2)
+    s = d.session("s", mode="direct")
+    start = trio.current_time()
+    results = await s.dispatch([openai_call(f"f{n}", "fan_out", {"n": n}) for n in (1, 2)])
+    assert [r.content for r in results] == ["10,11,12", "20,21,22"]
+    assert counter.most == 2  # one inner call per slot, never more than the limit
+    assert trio.current_time() - start == 3  # each slot ran its three inner calls in turn
 
 
 async def test_every_status_of_the_failure_table_from_a_real_path(autojump_clock: Any) -> None:
