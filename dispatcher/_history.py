@@ -1,7 +1,7 @@
 """`History`: what a session keeps of its committed calls, for the model and for people.
 
 Pass 3 adds one row per committed call; readers see `HistoryEntry` values, made when
-read. A row is the call's plan and its result, held by reference: committing a call
+read. A row holds the call's parts and its result by reference: committing a call
 copies nothing, and a session that only dispatches never builds an entry. The newest
 `limit` rows are kept (None keeps all); the counts behind `Session.statistics()` cover
 every call ever committed, whatever the limit dropped.
@@ -12,10 +12,10 @@ Nothing here runs a tool, touches trio, the disk or the clock.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, overload
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
-from ._types import HistoryEntry, ToolResult
+from ._types import HistoryEntry, ToolCall, ToolResult
 
 if TYPE_CHECKING:
     from ._plan import PlannedCall
@@ -26,12 +26,15 @@ DEFAULT_HISTORY_LIMIT = 10_000
 """Rows a session keeps unless told otherwise: far more than a conversation makes, and a
 bound on what a session that runs for days holds (a row keeps its result's content)."""
 
-_Row = tuple[int, int, "PlannedCall", ToolResult]
+# run id, round, index in its batch, call id, tool name, arguments, result: only what an
+# entry shows (the plan itself holds more, such as its keys, and would keep it alive)
+_Row = tuple[int, int, int, str, str, Mapping[str, Any], ToolResult]
 
 
 def _entry(row: _Row) -> HistoryEntry:
-    run_id, round_, planned, result = row
-    return HistoryEntry(run_id=run_id, round=round_, index=planned.index, call=planned.call, result=result)
+    run_id, round_, index, call_id, name, args, result = row
+    call = ToolCall(id=call_id, name=name, arguments=args)
+    return HistoryEntry(run_id=run_id, round=round_, index=index, call=call, result=result)
 
 
 class History(Sequence[HistoryEntry]):
@@ -49,7 +52,7 @@ class History(Sequence[HistoryEntry]):
 
     def add(self, run_id: int, round: int, planned: PlannedCall, result: ToolResult) -> None:
         """Pass 3: one committed call."""
-        self._rows.append((run_id, round, planned, result))
+        self._rows.append((run_id, round, planned.index, planned.call_id, planned.name, planned.args, result))
         self.calls += 1
         self.deduped += result.deduped
         self.cached += result.cached
@@ -58,7 +61,7 @@ class History(Sequence[HistoryEntry]):
 
     def of_tool(self, name: str) -> list[HistoryEntry]:
         """The kept calls of one tool (as run: after `run_tool` and rewriters), oldest first."""
-        return [_entry(row) for row in self._rows if row[2].name == name]
+        return [_entry(row) for row in self._rows if row[4] == name]
 
     def __len__(self) -> int:
         return len(self._rows)

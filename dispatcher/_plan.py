@@ -258,11 +258,18 @@ class Planner:
         self._max_args = max_argument_bytes
         self._max_out = max_output_bytes
         self._writes_moved = False
+        self._looked_up: dict[str, RegisteredTool | None] = {}
 
     # -- palette ---------------------------------------------------------------
 
     def lookup(self, name: str) -> RegisteredTool | None:
-        return self._core.registered(name) or self._registry.registered(name)
+        """The tool called `name`, core tools first (asked once per name and batch)."""
+        try:
+            return self._looked_up[name]
+        except KeyError:
+            found = self._core.registered(name) or self._registry.registered(name)
+            self._looked_up[name] = found
+            return found
 
     def palette(self) -> tuple[str, ...]:
         names = dict.fromkeys(self._core.names())
@@ -292,7 +299,7 @@ class Planner:
                 self._fail(d, Status.invalid_arguments, f"unreadable tool call: {exc}")
                 return d
             call_id, name, raw = call.id, call.name, call.arguments
-        d = Draft(index=index, call_id=call_id, name=_clean_name(name), args=None)
+        d = Draft(index, call_id, _clean_name(name), None)
         args = self._parse_arguments(d, raw)
         if args is None:
             return d
