@@ -407,16 +407,18 @@ _PROSE = """\
   without I/O they may see the edit by the accident of task start order.
 - **Memory** is the growth of the resident size, sampled after each batch of 100, over
   the calls through one runner; "peak RSS" is the child process's `ru_maxrss`, imports
-  included. threepass's growth includes its session history: it keeps every result of
-  the session (a chat's history is its to keep).
+  included. threepass's growth includes its session history, which keeps the newest
+  10,000 calls with their results (`history_limit`); the peers keep none.
 """
 
 
 def _rounds_line(quick: bool) -> str:
     rounds = Rounds.choose(quick)
+    blocks = 1 if quick else OVERHEAD_BLOCKS
     per_size = ", ".join(f"{n} rounds at batch {size}" for size, n in rounds.overhead.items())
     return (
-        f"µs/call is the median wall time per call over {per_size} (after {rounds.warmup} untimed); "
+        f"µs/call is the median of {blocks} alternating blocks' median wall time per call, over "
+        f"{per_size} in all ({rounds.warmup} untimed warm-up rounds a block); "
         f"{rounds.concurrency} rounds of the naps, {rounds.repetition} of the repetition batch, "
         f"{rounds.mixed} of read-read-edit-read with the note store's I/O and {rounds.mixed} without. "
         "In brackets: the ratio to threepass's figure in the same column."

@@ -13,6 +13,8 @@ import pytest
 
 from bench.harness import Plan, collect, goals, render_table
 from bench.peers import PydanticAIPeer
+from bench.threepass_runner import ThreepassRunner
+from bench.workloads import FloorRunner, Rounds, measure_overhead_interleaved
 from dispatcher import cli
 
 
@@ -93,3 +95,27 @@ def test_threepass_bench_hands_its_arguments_to_the_harness(capsys: pytest.Captu
         cli.main(["bench", "--help"])
     assert exit_info.value.code == 0
     assert "--quick" in capsys.readouterr().out
+
+
+class BrokenRunner(FloorRunner):
+    """A system whose every batch fails, as a peer's changed API would."""
+
+    name = "broken"
+
+    async def run_batch(self, calls: Any) -> list[str]:
+        raise RuntimeError("the framework changed its API")
+
+
+def test_overhead_alternates_blocks_and_survives_a_failing_system() -> None:
+    """Workload 1 runs each system in every block, merges the blocks, and reports a failure as an error."""
+    found = measure_overhead_interleaved(
+        {"floor": FloorRunner, "broken": BrokenRunner, "threepass": ThreepassRunner}, quick=True, blocks=2
+    )
+    rounds = Rounds.choose(True).overhead
+    for name in ("floor", "threepass"):
+        assert found[name]["blocks"] == 2
+        for size, n in rounds.items():
+            batch = found[name][f"batch_{size}"]
+            assert batch["rounds"] == 2 * max(1, n // 2)
+            assert batch["median_us_per_call"] > 0
+    assert found["broken"] == {"error": "RuntimeError: the framework changed its API"}
