@@ -61,7 +61,7 @@ class History(Sequence[HistoryEntry]):
 
     def of_tool(self, name: str) -> list[HistoryEntry]:
         """The kept calls of one tool (as run: after `run_tool` and rewriters), oldest first."""
-        return [_entry(row) for row in self._rows if row[4] == name]
+        return [_entry(row) for row in list(self._rows) if row[4] == name]
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -76,7 +76,9 @@ class History(Sequence[HistoryEntry]):
         return _entry(self._rows[index])
 
     def __iter__(self) -> Iterator[HistoryEntry]:
-        return (_entry(row) for row in self._rows)
+        # over a copy (taken at once, under the GIL): a dispatch that commits while a
+        # reader walks the history, from a handler's thread say, must not break the walk
+        return (_entry(row) for row in list(self._rows))
 
     def __repr__(self) -> str:
         return f"<History of {len(self._rows)} call(s), {self.calls} committed in all>"

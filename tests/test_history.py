@@ -99,3 +99,15 @@ async def test_failed_calls_are_kept_with_their_status() -> None:
     await s.dispatch([openai_call("n", "nope", {})])
     (entry,) = s.history
     assert entry.status is Status.rejected and "Tool not found: nope" in entry.content
+
+
+async def test_reading_the_history_while_a_batch_commits() -> None:
+    """A reader walking the history while another batch commits sees a consistent list."""
+    d, _ = _dispatcher()
+    s = d.session("h", mode="direct", history_limit=5)
+    await s.dispatch(_echoes("a", 5))
+    walk = iter(s.history)
+    first = next(walk)
+    await s.dispatch(_echoes("b", 3))  # drops a0..a2 while the walk is under way
+    assert [first.call_id, *(e.call_id for e in walk)] == ["a0", "a1", "a2", "a3", "a4"]
+    assert [e.call_id for e in s.history] == ["a3", "a4", "b0", "b1", "b2"]
