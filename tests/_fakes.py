@@ -16,6 +16,23 @@ TEXT_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "re
 PATH_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
 
 
+def done(args: Mapping[str, Any], ctx: Any) -> str:
+    """A handler for tools whose running is not the point of the test."""
+    return "done"
+
+
+def path_schema(**extra: Any) -> dict[str, Any]:
+    """An object schema with a required string `path`, plus the properties given."""
+    props: dict[str, Any] = {"path": {"type": "string"}}
+    props.update(extra)
+    return {"type": "object", "properties": props, "required": ["path"]}
+
+
+def file_at_path(args: Mapping[str, Any]) -> set[str]:
+    """The resource key of the file named by `path`, as given (`file:<path>`)."""
+    return {f"file:{args['path']}"}
+
+
 @attrs.define
 class Counter:
     """Counts executions and the most calls in flight at once."""

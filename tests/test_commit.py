@@ -22,39 +22,30 @@ from dispatcher._plan import (
 )
 from dispatcher._results import DEFAULT_MAX_OUTPUT_BYTES, failure_result
 
-
-def _handler(args: Mapping[str, Any], ctx: Any) -> str:
-    return "done"
-
-
-def _file(args: Mapping[str, Any]) -> set[str]:
-    return {f"file:{args['path']}"}
-
-
-_PATH = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+from ._fakes import done, file_at_path, path_schema
 
 REGISTRY = Registry(
     [
         Tool(
             name="read_file",
             description="Read.",
-            handler=_handler,
-            parameters=_PATH,
+            handler=done,
+            parameters=path_schema(),
             deferred=False,
-            reads=_file,
+            reads=file_at_path,
         ),
         Tool(
             name="write_file",
             description="Write.",
-            handler=_handler,
-            parameters=_PATH,
+            handler=done,
+            parameters=path_schema(),
             deferred=False,
-            writes=_file,
+            writes=file_at_path,
         ),
         Tool(
             name="run_command",
             description="Unknown effects on files.",
-            handler=_handler,
+            handler=done,
             parameters={"type": "object", "properties": {"cmd": {"type": "string"}}},
             deferred=False,
             writes=lambda a: {"file:/"},
@@ -62,7 +53,7 @@ REGISTRY = Registry(
         Tool(
             name="fetch_page",
             description="Fetch.",
-            handler=_handler,
+            handler=done,
             parameters={"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]},
             deferred=False,
             concurrent=True,
@@ -71,13 +62,13 @@ REGISTRY = Registry(
         Tool(
             name="secret_tool",
             description="Deferred.",
-            handler=_handler,
+            handler=done,
             parameters={"type": "object", "properties": {"x": {"type": "integer"}}},
         ),
         Tool(
             name="danger",
             description="Gated.",
-            handler=_handler,
+            handler=done,
             parameters={"type": "object", "properties": {"n": {"type": "integer"}}},
             deferred=False,
             confirm=True,

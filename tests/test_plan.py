@@ -25,19 +25,7 @@ from dispatcher._plan import (
 )
 from dispatcher._results import DEFAULT_MAX_OUTPUT_BYTES
 
-
-def _handler(args: Mapping[str, Any], ctx: Any) -> str:
-    return "done"
-
-
-def _path_schema(**extra: Any) -> dict[str, Any]:
-    props: dict[str, Any] = {"path": {"type": "string"}}
-    props.update(extra)
-    return {"type": "object", "properties": props, "required": ["path"]}
-
-
-def _file(args: Mapping[str, Any]) -> set[str]:
-    return {f"file:{args['path']}"}
+from ._fakes import done, file_at_path, path_schema
 
 
 def _base_tools() -> list[Tool]:
@@ -45,7 +33,7 @@ def _base_tools() -> list[Tool]:
         Tool(
             name="echo",
             description="Echo the text.",
-            handler=_handler,
+            handler=done,
             parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
             concurrent=True,
             deferred=False,
@@ -53,33 +41,33 @@ def _base_tools() -> list[Tool]:
         Tool(
             name="read_file",
             description="Read a file.",
-            handler=_handler,
-            parameters=_path_schema(),
+            handler=done,
+            parameters=path_schema(),
             concurrent=True,
             deferred=False,
-            reads=_file,
+            reads=file_at_path,
         ),
         Tool(
             name="write_file",
             description="Write a file.",
-            handler=_handler,
-            parameters=_path_schema(content={"type": "string"}),
+            handler=done,
+            parameters=path_schema(content={"type": "string"}),
             deferred=False,
-            writes=_file,
+            writes=file_at_path,
         ),
         Tool(
             name="cwrite",
             description="Write a file, concurrently.",
-            handler=_handler,
-            parameters=_path_schema(),
+            handler=done,
+            parameters=path_schema(),
             concurrent=True,
             deferred=False,
-            writes=_file,
+            writes=file_at_path,
         ),
         Tool(
             name="fetch_page",
             description="Fetch a page.",
-            handler=_handler,
+            handler=done,
             parameters={
                 "type": "object",
                 "properties": {"url": {"type": "string"}, "headers": {"type": "object"}},
@@ -93,7 +81,7 @@ def _base_tools() -> list[Tool]:
         Tool(
             name="search_web",
             description="Search the web.",
-            handler=_handler,
+            handler=done,
             parameters={"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
             concurrent=True,
             deferred=False,
@@ -102,7 +90,7 @@ def _base_tools() -> list[Tool]:
         Tool(
             name="list_dir",
             description="List a folder.",
-            handler=_handler,
+            handler=done,
             parameters={
                 "type": "object",
                 "properties": {
@@ -115,13 +103,13 @@ def _base_tools() -> list[Tool]:
         Tool(
             name="secret_tool",
             description="A deferred tool.",
-            handler=_handler,
+            handler=done,
             parameters={"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
         ),
         Tool(
             name="danger",
             description="Needs a yes.",
-            handler=_handler,
+            handler=done,
             parameters={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
             deferred=False,
             confirm=True,
@@ -129,7 +117,7 @@ def _base_tools() -> list[Tool]:
         Tool(
             name="maybe",
             description="Needs a yes unless reading.",
-            handler=_handler,
+            handler=done,
             parameters={"type": "object", "properties": {"mode": {"type": "string"}}},
             deferred=False,
             confirm=lambda a: a.get("mode") != "read",
@@ -348,7 +336,7 @@ def test_a_filled_in_default_is_a_copy() -> None:
     tagged = Tool(
         name="tagged",
         description="Tags.",
-        handler=_handler,
+        handler=done,
         parameters={"type": "object", "properties": {"tags": {"type": "array", "default": []}}},
         deferred=False,
     )
@@ -683,7 +671,7 @@ def test_writers_are_not_cacheable() -> None:
     posting = Tool(
         name="post",
         description="Post.",
-        handler=_handler,
+        handler=done,
         parameters={"type": "object", "properties": {"url": {"type": "string"}}},
         deferred=False,
         cache=CachePolicy(),
@@ -766,7 +754,7 @@ def test_cache_policy_when_decides() -> None:
     getter = Tool(
         name="http_get",
         description="HTTP.",
-        handler=_handler,
+        handler=done,
         parameters={"type": "object", "properties": {"method": {"type": "string"}}},
         deferred=False,
         cache=CachePolicy(when=lambda a: a.get("method", "GET") == "GET"),
@@ -785,7 +773,7 @@ def test_validation_errors_list_paths_and_required_fields() -> None:
     typed = Tool(
         name="typed",
         description="Typed.",
-        handler=_handler,
+        handler=done,
         parameters={
             "type": "object",
             "properties": {
@@ -833,7 +821,7 @@ def _raising_tool(seam: str) -> Tool:
     return Tool(
         name=f"t_{seam}",
         description="Seams.",
-        handler=_handler,
+        handler=done,
         parameters={"type": "object", "properties": {"path": {"type": "string"}}},
         deferred=False,
         **{seam: boom},
@@ -876,7 +864,7 @@ def test_an_async_seam_is_refused_at_registration(seam: str) -> None:
     async def judge(args: Mapping[str, Any]) -> Any:
         return {"file:/w/a"}
 
-    tool = Tool(name="aseam", description="Async seam.", handler=_handler, parameters=_path_schema(),
+    tool = Tool(name="aseam", description="Async seam.", handler=done, parameters=path_schema(),
                 deferred=False, **{seam: judge})  # fmt: skip
     with pytest.raises(ToolDefinitionError, match=f"'aseam': {seam} must be a plain function"):
         make_registry(tool)
@@ -988,7 +976,7 @@ def test_allow_with_args_is_not_looked_up() -> None:
     cacheable = Tool(
         name="careful_get",
         description="Cached, gated.",
-        handler=_handler,
+        handler=done,
         parameters={"type": "object", "properties": {"url": {"type": "string"}}},
         deferred=False,
         confirm=True,
@@ -1012,11 +1000,11 @@ def test_allow_that_redirects_a_write_breaks_a_later_follower() -> None:
     gated_write = Tool(
         name="gated_write",
         description="Write after a yes.",
-        handler=_handler,
-        parameters=_path_schema(),
+        handler=done,
+        parameters=path_schema(),
         deferred=False,
         confirm=True,
-        writes=_file,
+        writes=file_at_path,
     )
     plan = run_pass1(
         make_planner(make_registry(gated_write)),
