@@ -74,13 +74,39 @@ def _served_again(result: ToolResult, call_id: str) -> ToolResult:
     )
 
 
-# one encoder for every call: json.dumps with options builds a new one each time
+# One encoder for every call: json.dumps with options builds a new one each time, and
+# JSONEncoder.encode builds a new C encoder each time. `c_make_encoder` is that C encoder,
+# made once here with exactly the arguments JSONEncoder.encode passes it (no circular
+# check: a cycle ends in RecursionError, which callers treat as unserialisable). Where
+# it is missing (no C accelerator) or takes other arguments, JSONEncoder.encode serves.
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_canonical_chunks: Callable[[Any, int], Sequence[str]] | None
+try:
+    _canonical_chunks = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+        None, _CANONICAL.default, json.encoder.encode_basestring, None, ":", ",", True, False, True
+    )
+except (AttributeError, TypeError):  # pragma: no cover - CPython has it
+    _canonical_chunks = None
+# A decoder for the arguments: raw_decode skips the whitespace scans of json.loads;
+# anything it does not take whole goes to json.loads, for its answer and its message.
+_DECODER = json.JSONDecoder()
 
 
 def canonical_json(args: Mapping[str, Any]) -> str:
-    """Sorted keys, no spaces, UTF-8 kept: the form arguments are keyed and measured in."""
-    return _CANONICAL.encode(args)
+    """Sorted keys, no spaces, UTF-8 kept: the form arguments are keyed and measured in.
+    Raises TypeError or ValueError if they are not JSON, RecursionError if they nest too deep."""
+    if _canonical_chunks is None:  # pragma: no cover
+        return _CANONICAL.encode(args)
+    return "".join(_canonical_chunks(args, 0))
+
+
+def parse_json(raw: str) -> Any:
+    """`json.loads(raw)`, faster on the common case of a document with no surrounding space."""
+    try:
+        value, end = _DECODER.raw_decode(raw)
+    except ValueError:
+        return json.loads(raw)
+    return value if end == len(raw) else json.loads(raw)
 
 
 def call_key(name: str, canonical: str) -> str:
@@ -328,7 +354,7 @@ class Planner:
             )
             return None
         try:
-            value = json.loads(raw)
+            value = parse_json(raw)
         except ValueError as exc:
             self._fail(
                 d,
@@ -336,6 +362,9 @@ class Planner:
                 f"arguments are not valid JSON: {exc}",
                 hint="send the arguments as one JSON object",
             )
+            return None
+        except RecursionError:
+            self._fail(d, Status.invalid_arguments, "arguments nest too deeply to read")
             return None
         if not isinstance(value, dict):
             self._fail(
@@ -469,6 +498,9 @@ class Planner:
         except (TypeError, ValueError) as exc:
             self._fail(d, Status.invalid_arguments, f"arguments are not JSON-serialisable: {exc}")
             return False
+        except RecursionError:
+            self._fail(d, Status.invalid_arguments, "arguments nest too deeply (or refer to themselves)")
+            return False
         size = len(canonical) if canonical.isascii() else len(canonical.encode("utf-8"))
         if size > self._max_args:
             self._fail(
@@ -561,9 +593,13 @@ class Planner:
 
     def _validate(self, d: Draft, entry: RegisteredTool) -> bool:
         args = d.args or {}
-        if entry.validator.is_valid(args):
-            return True
-        errors = _schema_errors(entry, args)
+        try:
+            if entry.validator.is_valid(args):
+                return True
+            errors = _schema_errors(entry, args)
+        except RecursionError:  # the validator recurses in Python, far sooner than json does
+            self._fail(d, Status.invalid_arguments, "arguments nest too deeply to check against the schema")
+            return False
         required = entry.tool.parameters.get("required", [])
         self._fail(
             d,

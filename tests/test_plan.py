@@ -8,6 +8,8 @@ from typing import Any
 
 import attrs
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cache import CachePolicy, MemoryResultCache
 from dispatcher import Allow, Deny, Registry, Status, Tool, ToolCall, ToolDefinitionError, ToolResult
@@ -22,6 +24,7 @@ from dispatcher._plan import (
     PlannerState,
     call_key,
     canonical_json,
+    parse_json,
 )
 from dispatcher._results import DEFAULT_MAX_OUTPUT_BYTES
 
@@ -1127,3 +1130,66 @@ def test_finish_before_resolve_raises() -> None:
     drafts = planner.parse([tc("echo", {"text": "x"})])
     with pytest.raises(RuntimeError, match="from 'parsed' to 'planned'"):
         planner.finish(drafts)
+
+
+# -- arguments that nest too deeply, and the fast JSON paths -----------------------------
+
+
+def _nested(depth: int) -> str:
+    return '{"text": "x", "deep": ' + "[" * depth + "]" * depth + "}"
+
+
+@pytest.mark.parametrize(
+    ("depth", "message"),
+    [(100_000, "nest too deeply to read"), (900, "nest too deeply to check against the schema")],
+)
+def test_arguments_that_nest_too_deeply_are_invalid_not_a_crash(depth: int, message: str) -> None:
+    """Arguments nested past what the parser or the validator can follow are invalid_arguments;
+    the call beside them is planned as usual."""
+    nests = {"type": "array", "items": {"$ref": "#/properties/deep"}}
+    deep_tool = Tool(
+        "nested", "n", done, {"type": "object", "properties": {"text": {"type": "string"}, "deep": nests}}
+    )
+    planner = make_planner(make_registry(deep_tool), all_loaded=True)
+    plan = run_pass1(planner, [tc("nested", _nested(depth), "deep"), tc("echo", {"text": "hi"}, "fine")])
+    deep, fine = plan.calls
+    assert deep.outcome is not None and deep.outcome.status is Status.invalid_arguments
+    assert message in error_of(deep)["error"]
+    assert fine.runs
+
+
+def test_arguments_that_refer_to_themselves_are_invalid() -> None:
+    """A mapping that contains itself (only code can send one) is invalid_arguments, not a crash."""
+    args: dict[str, Any] = {"text": "x"}
+    args["self"] = args
+    p = plan_one(tc("echo", args))
+    assert p.outcome is not None and "nest too deeply (or refer to themselves)" in error_of(p)["error"]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(
+    value=st.dictionaries(st.text(max_size=8), json_values, max_size=5),
+    pad=st.sampled_from(["", " ", "\n\t"]),
+)
+def test_parse_json_and_canonical_json_agree_with_the_json_module(value: dict[str, Any], pad: str) -> None:
+    """The fast paths give json.loads's value and json.dumps's canonical text, whitespace or not."""
+    text = pad + json.dumps(value, indent=1 if pad else None) + pad
+    assert parse_json(text) == json.loads(text)
+    expected = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert canonical_json(value) == expected
+
+
+@pytest.mark.parametrize("text", ['{"a": 1} x', '{"a": 1}{"b": 2}', " {", "", "nul", '{"a": 1,}'])
+def test_parse_json_fails_as_json_loads_does(text: str) -> None:
+    """Trailing data, truncation and bad tokens raise json.loads's own error."""
+    with pytest.raises(ValueError) as ours:
+        parse_json(text)
+    with pytest.raises(ValueError) as theirs:
+        json.loads(text)
+    assert str(ours.value) == str(theirs.value)
