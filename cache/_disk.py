@@ -98,6 +98,7 @@ _SWEEP_GRACE: Final = 300.0
 _TOUCH_AFTER: Final = 60.0
 
 _log = logging.getLogger("threepass.cache")
+_DECODER: Final = json.JSONDecoder()
 
 _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS threepass_reads ("
@@ -207,7 +208,15 @@ _MAX_TIME = 2**1023  # an int beyond a float's range is no time
 def _decode(raw: bytes) -> tuple[float, CacheEntry]:
     """`(expires_at, entry)` from a stored value; `_Undecodable` if it is anything else."""
     try:
-        document = json.loads(raw.decode("utf-8", "surrogatepass"))
+        text = raw.decode("utf-8", "surrogatepass")
+        # raw_decode skips json.loads's whitespace scans (ours writes none); anything it
+        # does not take whole goes to json.loads, which decides
+        try:
+            document, end = _DECODER.raw_decode(text)
+        except ValueError:
+            document, end = json.loads(text), len(text)
+        if end != len(text):
+            document = json.loads(text)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise _Undecodable(f"not a JSON document: {exc!r}") from None
     if type(document) is not dict:
