@@ -18,6 +18,7 @@ import collections
 import contextlib
 import contextvars
 import inspect
+import logging
 import math
 import threading
 import time
@@ -33,6 +34,8 @@ from ._results import failure_result, normalize_output
 from ._types import Status, ToolCall, ToolContext, ToolResult
 
 __all__ = ["Executor", "HookSet", "RunControl", "ToolRunner"]
+
+log = logging.getLogger("threepass.execute")
 
 ToolRunner = Callable[[PlannedCall, ToolContext], Awaitable[ToolResult]]
 """Stands in for running the handler (offline replay serves recorded results through it)."""
@@ -70,6 +73,12 @@ class RunControl:
         if self.interrupted:
             return self.interrupted[min(self.interrupted)]
         return None
+
+
+def _name_of(fn: Any) -> str:
+    """A hook's name for a message: `Audit.before`, not its repr with an address."""
+    name = getattr(fn, "__qualname__", None)
+    return name.rsplit("<locals>.", 1)[-1] if isinstance(name, str) else repr(fn)
 
 
 async def _maybe_await(value: Any) -> Any:
@@ -149,6 +158,7 @@ class Executor:
         self._max_out = max_output_bytes
         self._runner = runner
         self.results: dict[int, ToolResult] = {}
+        self.started = 0  # calls whose handler (or, in replay, runner) was started
         self.control = RunControl()
         self._nested = False
 
@@ -271,13 +281,22 @@ class Executor:
             return
         if call is None:
             call = planned.call
-        try:
-            for after in self._hooks.after:
+        for after in self._hooks.after:
+            try:
                 await _maybe_await(after(call, result, ctx))
-        except HookBlocked as exc:
-            self._block(planned, exc)
-        except DispatchInterrupted as exc:
-            self.control.interrupted[planned.index] = exc
+            except HookBlocked as exc:
+                self._block(planned, exc)
+                return
+            except DispatchInterrupted as exc:
+                self.control.interrupted[planned.index] = exc
+                return
+            except Exception:  # the call is over and its result stands; a faulty hook is logged
+                log.warning(
+                    "after hook %s raised on call %s; ignored",
+                    _name_of(after),
+                    planned.call_id,
+                    exc_info=True,
+                )
 
     def _block(self, planned: PlannedCall, exc: HookBlocked) -> None:
         if exc.call_id is None:
@@ -300,7 +319,25 @@ class Executor:
         call = planned.call if hooks.before or hooks.after else None  # one ToolCall for both
         try:
             for before in hooks.before:
-                await _maybe_await(before(call, ctx))
+                try:
+                    await _maybe_await(before(call, ctx))
+                except (HookBlocked, DispatchInterrupted):
+                    raise
+                except Exception as exc:
+                    # a guard that broke cannot vouch for the call: it does not run
+                    log.warning(
+                        "before hook %s raised on call %s", _name_of(before), planned.call_id, exc_info=True
+                    )
+                    self.results[index] = failure_result(
+                        planned.call_id,
+                        planned.name,
+                        Status.failed,
+                        f"the before hook {_name_of(before)} failed, so the tool did not run: "
+                        f"{type(exc).__name__}: {exc}",
+                        retryable=False,
+                        limit=self._max_out,
+                    )
+                    return
             result = await self._invoke(planned, ctx, slot)
         except HookBlocked as exc:
             self._block(planned, exc)
@@ -332,6 +369,7 @@ class Executor:
                 await limiter.acquire_on_behalf_of(borrower)
         # a sync call's slot is given back by its thread (it may outlive a timeout)
         release = borrower is not None and (self._runner is not None or tool.is_async)
+        self.started += 1
         started = time.time()
         t0 = time.monotonic()
         try:

@@ -28,7 +28,6 @@ from ._types import (
     HistoryEntry,
     Interrupt,
     Provider,
-    Status,
     ToolCall,
     ToolCallDispatchEvent,
     ToolContext,
@@ -259,7 +258,7 @@ class Session:
                 session_id=self.id,
                 want_events=want_events,
             )
-            self._executed += sum(r.status is not Status.expired for r in executor.results.values())
+            self._executed += executor.started
             if self.recorder is not None:
                 self.recorder.record_batch(
                     run_id=self._run_id,

@@ -438,6 +438,42 @@ async def test_hooks_wrap_every_call_that_starts() -> None:
     assert log == ["before 1", "after 1 ok", "before 3", "after 3 failed"]
 
 
+async def test_a_faulty_hook_fails_its_own_call_only(caplog: pytest.LogCaptureFixture) -> None:
+    """A before hook that raises fails that call unrun; an after hook that raises is logged and
+    the result stands; the other calls of the batch, and the other hooks, go on."""
+    seen: list[str] = []
+
+    class Faulty:
+        def before(self, c: ToolCall, ctx: Any) -> None:
+            if c.arguments["text"] == "guarded":
+                raise ValueError("the guard broke")
+
+        async def after(self, c: ToolCall, result: Any, ctx: Any) -> None:
+            if c.arguments["text"] == "audited":
+                raise KeyError("the audit broke")
+
+    class Audit:
+        def after(self, c: ToolCall, result: Any, ctx: Any) -> None:
+            seen.append(c.id)
+
+    counter = Counter()
+    d = Dispatcher(fake_registry(counter), hooks=[Faulty(), Audit()])
+    texts = ["plain", "guarded", "audited"]
+    s = d.session()
+    results = await s.dispatch([openai_call(t, "echo", {"text": t}) for t in texts])
+    assert [r.status for r in results] == [Status.ok, Status.failed, Status.ok]
+    error = results[1].error()
+    assert error is not None and error["retryable"] is False
+    assert (
+        "before hook Faulty.before failed, so the tool did not run: ValueError: the guard broke"
+        in error["error"]
+    )
+    assert [key for _, key in counter.runs] == ["plain", "audited"]
+    assert seen == ["plain", "audited"]  # the call that never started crosses no after hook
+    assert s.statistics().executed == 2
+    assert any("after hook Faulty.after raised on call audited" in r.getMessage() for r in caplog.records)
+
+
 async def test_hook_block_finishes_the_group_commits_and_propagates() -> None:
     """HookBlocked: the rest of its group finishes, later groups do not start, what ran is committed."""
 
