@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -41,6 +42,8 @@ __all__ = [
     "call_key",
     "canonical_json",
 ]
+
+log = logging.getLogger("threepass.plan")
 
 DEFAULT_MAX_ARGUMENT_BYTES = 1024 * 1024
 RUN_TOOL = "run_tool"
@@ -560,16 +563,27 @@ class Planner:
         dedupe = self._state.dedupe
         wanted = list(
             dict.fromkeys(
-                d.cache_key
-                for d in keyed
-                if d.cache_key is not None and not d.force and d.key not in dedupe
+                d.cache_key for d in keyed if d.cache_key is not None and not d.force and d.key not in dedupe
             )
         )
         if not wanted:
             return {}
         found: dict[str, CacheEntry | None] = dict.fromkeys(wanted)
-        found.update(self._cache.get_many(wanted))
+        try:
+            found.update(self._cache.get_many(wanted))
+        except Exception:  # a store's fault must never fail a call: it is a miss
+            log.warning(
+                "result cache lookup failed for %d key(s); treated as misses", len(wanted), exc_info=True
+            )
         return found
+
+    def _cache_get(self, key: str) -> CacheEntry | None:
+        assert self._cache is not None
+        try:
+            return self._cache.get(key)
+        except Exception:  # a store's fault must never fail a call: it is a miss
+            log.warning("result cache lookup failed; treated as a miss", exc_info=True)
+            return None
 
     def _lookup_earlier(
         self, d: Draft, pending_writes: list[str], cached: Mapping[str, CacheEntry | None]
@@ -581,7 +595,7 @@ class Planner:
             return True
         if d.cache_key is not None and self._cache is not None:
             key = d.cache_key
-            hit = cached[key] if key in cached else self._cache.get(key)
+            hit = cached[key] if key in cached else self._cache_get(key)
             if hit is not None and not (pending_writes and resources_overlap(hit.reads, pending_writes)):
                 d.decide(
                     ToolResult(

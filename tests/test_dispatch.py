@@ -816,6 +816,32 @@ async def test_a_batch_asks_the_result_cache_once() -> None:
     assert store.asked == []
 
 
+class BrokenStore(MemoryResultCache):
+    """A store that fails every lookup, as a remote one might."""
+
+    def get(self, key: str) -> Any:
+        raise ConnectionError("the store is down")
+
+    def get_many(self, keys: Any) -> Any:
+        raise ConnectionError("the store is down")
+
+
+async def test_a_store_that_fails_lookups_is_a_miss(caplog: pytest.LogCaptureFixture) -> None:
+    """A result cache that raises on lookup costs the batch nothing: every call runs, with a warning."""
+    runs: list[str] = []
+
+    async def fetch(args: Mapping[str, Any], ctx: Any) -> str:
+        runs.append(args["url"])
+        return "page " + args["url"]
+
+    schema = {"type": "object", "properties": {"url": {"type": "string"}}}
+    reg = Registry([Tool("fetch", "f", fetch, schema, concurrent=True, deferred=False, cache=CachePolicy())])
+    s = Dispatcher(reg, cache=BrokenStore()).session("s")
+    results = await s.dispatch([ToolCall(f"{i}", "fetch", {"url": u}) for i, u in enumerate(["a", "b"])])
+    assert [r.content for r in results] == ["page a", "page b"] and runs == ["a", "b"]
+    assert any("result cache lookup failed" in r.getMessage() for r in caplog.records)
+
+
 async def test_session_scoped_cache_stays_in_its_session() -> None:
     """A session-scoped entry serves its own session only."""
     runs: list[int] = []
