@@ -13,6 +13,7 @@ decide otherwise than the recording says is reported as a `Divergence`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -63,6 +64,9 @@ def _decision_json(decision: Decision) -> dict[str, Any]:
     return {"interrupt": decision.reason}
 
 
+log = logging.getLogger("threepass.recording")
+
+
 class Recorder:
     """Appends a session's batches to a JSONL file."""
 
@@ -85,17 +89,29 @@ class Recorder:
             "meta": dict(meta or {}),
         }
         self._started = path.exists() and path.stat().st_size > 0
+        self.problem: OSError | None = None
 
     def set_meta(self, **meta: Any) -> None:
         self._header["meta"].update(meta)  # type: ignore[attr-defined]
 
     def _append(self, record: Mapping[str, Any]) -> None:
+        """Append one line. A write that fails (a full disk, a folder gone) is logged once
+        and ends the recording: what is on disk stays a readable prefix of the session
+        (replay reports a cut last line as truncated), and the batch's results still
+        reach the caller, since its tools have run."""
+        if self.problem is not None:
+            return
         line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
         if not self._started:
             line = json.dumps(self._header, ensure_ascii=False) + "\n" + line
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+        except OSError as exc:
+            self.problem = exc
+            log.error("recording to %s failed and stops here: %s", self.path, exc)
+            return
         self._started = True
 
     def record_batch(

@@ -91,3 +91,32 @@ async def test_a_changed_registry_is_noticed(tmp_path: Path) -> None:
     report = await replay(path, Dispatcher(reg))
     assert not report.fingerprint_matches
     assert report.divergence is not None and report.divergence.call_id == "7"
+
+
+async def test_a_recording_that_cannot_be_written_stops_and_the_results_still_come_back(
+    tmp_path: Path, caplog: Any
+) -> None:
+    """When the recording's folder goes away, the batch still returns its results, the failure
+    is logged once, and what was written before still replays."""
+    folder = tmp_path / "records"
+    folder.mkdir()
+    path = folder / "s.jsonl"
+    counter = Counter()
+    d = Dispatcher(fake_registry(counter, {}))
+    s = d.session("rec", record=path)
+    await s.dispatch([call("1", "echo", text="x")])
+    kept = path.read_text()
+    path.unlink()
+    folder.rmdir()
+    results = await s.dispatch([call("2", "echo", text="y"), call("3", "echo", text="z")])
+    assert [r.content for r in results] == ["y", "z"]
+    await s.dispatch([call("4", "echo", text="w")])
+    assert s.recorder is not None and isinstance(s.recorder.problem, FileNotFoundError)
+    assert [r.getMessage() for r in caplog.records].count(
+        f"recording to {path} failed and stops here: {s.recorder.problem}"
+    ) == 1
+    assert not folder.exists()  # nothing was written after the failure
+    folder.mkdir()
+    path.write_text(kept)
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.batches == 1
