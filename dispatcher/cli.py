@@ -154,6 +154,10 @@ async def _run(args: argparse.Namespace, workspace: Path, messages: list[dict[st
         f"{stats.calls} calls in {batches} batches: {stats.executed} ran, {stats.deduped} deduped, "
         f"{stats.cached} cached ({statuses})\n"
     )
+    recorder = session.recorder
+    if recorder is not None and recorder.problem is not None:
+        out.write(f"recording to {args.record} stopped early: {recorder.problem}\n")
+        return 1
     if args.record:
         out.write(f"recorded to {args.record}\n")
     return 0

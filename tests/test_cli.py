@@ -100,3 +100,16 @@ def test_recording_twice_to_one_file_replaces_it(tmp_path: Path) -> None:
     assert sum(1 for line in rec.read_text().splitlines() if '"type": "header"' in line) == 1
     code, text = run_cli("replay", str(rec))
     assert code == 0 and "replayed 24 calls in 6 batches" in text
+
+
+def test_run_says_when_its_recording_could_not_be_written(tmp_path: Path) -> None:
+    """--record into a folder that does not exist: every batch still runs, the command says the
+    recording stopped and exits 1."""
+    rec = tmp_path / "no-such-folder" / "session.jsonl"
+    code, text = run_cli(
+        "run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache"
+    )
+    assert code == 1
+    assert "24 calls in 6 batches" in text
+    assert f"recording to {rec} stopped early:" in text and "No such file or directory" in text
+    assert "recorded to" not in text
