@@ -249,7 +249,12 @@ class Executor:
                     slot.scope = scope
                     while todo:
                         await self._run_call(todo.popleft(), slot)
-                    return
+                        if scope.cancel_called:
+                            # the call overran but swallowed its cancellation and returned:
+                            # the next call must not inherit a cancelled scope
+                            break
+                    else:
+                        return
                 # only the watchdog cancels this scope: the running call timed out
                 timed_out = slot.running
                 if timed_out is not None and slot.ctx is not None:

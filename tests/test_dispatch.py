@@ -174,6 +174,41 @@ async def test_a_handler_that_invokes_side_by_side_stays_on_its_slot(autojump_cl
     assert trio.current_time() - start == 3  # each slot ran its three inner calls in turn
 
 
+async def test_a_call_that_swallows_its_timeout_does_not_cut_the_next(autojump_clock: Any) -> None:
+    """A handler that catches its own cancellation and returns does not leave the worker's next
+    call cancelled: that call runs to the end."""
+    ran: list[int] = []
+
+    async def swallow(args: Mapping[str, Any], ctx: Any) -> str:
+        try:
+            await trio.sleep(5)
+        except BaseException:  # a handler bug this test is about
+            return "partial"
+        return "whole"
+
+    async def steady(args: Mapping[str, Any], ctx: Any) -> str:
+        await trio.sleep(1)
+        ran.append(args["n"])
+        return f"steady {args['n']}"
+
+    n_schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    reg = Registry(
+        [
+            Tool("swallow", "s", swallow, n_schema, concurrent=True, deferred=False, timeout=2),
+            Tool("steady", "s", steady, n_schema, concurrent=True, deferred=False, timeout=30),
+        ]
+    )
+    s = Dispatcher(reg, max_concurrent=1).session("s", mode="direct")
+    batch = [openai_call("sw", "swallow", {}), *(openai_call(f"v{n}", "steady", {"n": n}) for n in (1, 2))]
+    results = await s.dispatch(batch)
+    assert [(r.status, r.content) for r in results] == [
+        (Status.ok, "partial"),
+        (Status.ok, "steady 1"),
+        (Status.ok, "steady 2"),
+    ]
+    assert ran == [1, 2]
+
+
 async def test_every_status_of_the_failure_table_from_a_real_path(autojump_clock: Any) -> None:
     """ok, failed, rejected, invalid_arguments, schema_required, denied, timed_out, expired."""
     counter = Counter()
