@@ -30,7 +30,7 @@ import trio
 
 from ._exceptions import DispatchInterrupted, HookBlocked, ToolError
 from ._plan import Plan, PlannedCall
-from ._results import failure_result, normalize_output
+from ._results import describe, failure_result, normalize_output
 from ._types import Status, ToolCall, ToolContext, ToolResult
 
 __all__ = ["Executor", "HookSet", "RunControl", "ToolRunner"]
@@ -338,7 +338,7 @@ class Executor:
                         planned.name,
                         Status.failed,
                         f"the before hook {_name_of(before)} failed, so the tool did not run: "
-                        f"{type(exc).__name__}: {exc}",
+                        f"{describe(exc)}",
                         retryable=False,
                         limit=self._max_out,
                     )
@@ -424,7 +424,7 @@ class Executor:
                 planned.call_id,
                 planned.name,
                 Status.failed,
-                f"{type(exc).__name__}: {exc}",
+                describe(exc),
                 effect_uncertain=writes,
                 started=started,
                 duration=time.monotonic() - t0,

@@ -26,7 +26,7 @@ import xxhash
 from cache import CacheEntry, ResultCache, carries_credentials, resources_overlap
 
 from ._registry import RegisteredTool, Registry
-from ._results import failure_result
+from ._results import describe, failure_result, safe_text, shown
 from ._types import Allow, Deny, Status, ToolCall, ToolResult
 
 __all__ = [
@@ -327,7 +327,7 @@ class Planner:
                 d = Draft(index=index, call_id=call_id, name="", args=None)
                 self._fail(d, Status.invalid_arguments, f"unreadable tool call: {exc}")
                 return d
-            call_id, name, raw = call.id, call.name, call.arguments
+            call_id, name, raw = str(call.id), str(call.name), call.arguments
         d = Draft(index, call_id, _clean_name(name), None)
         args = self._parse_arguments(d, raw)
         if args is None:
@@ -443,9 +443,8 @@ class Planner:
             try:
                 d.confirm = _evaluate(entry.tool.confirm, d.args or {})
             except Exception as exc:
-                self._fail(
-                    d, Status.invalid_arguments, f"{d.name}.confirm could not judge these arguments: {exc!r}"
-                )
+                judged = f"{d.name}.confirm could not judge these arguments: {describe(exc)}"
+                self._fail(d, Status.invalid_arguments, judged)
 
     def _resolve_tool(self, d: Draft) -> RegisteredTool | None:
         entry = self.lookup(d.name)
@@ -504,7 +503,17 @@ class Planner:
         except RecursionError:
             self._fail(d, Status.invalid_arguments, "arguments nest too deeply (or refer to themselves)")
             return False
-        size = len(canonical) if canonical.isascii() else len(canonical.encode("utf-8"))
+        try:
+            size = len(canonical) if canonical.isascii() else len(canonical.encode("utf-8"))
+        except UnicodeEncodeError as exc:  # a lone surrogate, such as the JSON escape "\ud800"
+            bad = canonical[exc.start : exc.end]
+            self._fail(
+                d,
+                Status.invalid_arguments,
+                f"arguments hold text that is not valid Unicode: a lone surrogate {bad!r}",
+                hint="send well-formed text; escape binary data (base64, for example)",
+            )
+            return False
         if size > self._max_args:
             self._fail(
                 d, Status.invalid_arguments, f"arguments are {size} bytes, over the limit of {self._max_args}"
@@ -522,7 +531,7 @@ class Planner:
                 self._fail(
                     d,
                     Status.invalid_arguments,
-                    f"{d.name}.{exc.seam} could not judge these arguments: {exc.cause!r}",
+                    f"{d.name}.{exc.seam} could not judge these arguments: {describe(exc.cause)}",
                 )
             return False
         return True
@@ -596,6 +605,9 @@ class Planner:
         if d.cache_key is not None and self._cache is not None:
             key = d.cache_key
             hit = cached[key] if key in cached else self._cache_get(key)
+            if hit is not None and not isinstance(hit, CacheEntry):
+                log.warning("result cache returned %s, not a CacheEntry; treated as a miss", shown(hit))
+                hit = None
             if hit is not None and not (pending_writes and resources_overlap(hit.reads, pending_writes)):
                 d.decide(
                     ToolResult(
@@ -643,7 +655,7 @@ class Planner:
         return None
 
     def deny(self, d: Draft, reason: str) -> None:
-        self._fail(d, Status.denied, f"denied: {reason}")
+        self._fail(d, Status.denied, f"denied: {safe_text(reason)}")
 
     def allow(self, d: Draft, decision: Allow) -> None:
         if decision.args is None:
@@ -651,6 +663,13 @@ class Planner:
         # arguments a gate changed are validated and keyed anew; no dedupe lookup for them
         entry = d.entry
         assert entry is not None
+        if not isinstance(decision.args, Mapping):
+            self._fail(
+                d,
+                Status.denied,
+                f"denied: the gate approved with arguments that are not an object: {shown(decision.args)}",
+            )
+            return
         before = d.writes
         d.args = dict(decision.args)
         d.force = False

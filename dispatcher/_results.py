@@ -16,9 +16,12 @@ from ._types import Status, ToolResult
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
+    "describe",
     "failure_content",
     "failure_result",
     "normalize_output",
+    "safe_text",
+    "shown",
     "well_formed",
 ]
 
@@ -35,6 +38,31 @@ _RETRYABLE: dict[Status, bool] = {
     Status.timed_out: True,
     Status.expired: False,
 }
+
+
+def safe_text(value: Any) -> str:
+    """`str(value)` for a message; never raises, whatever the value's `__str__` does."""
+    if isinstance(value, str):
+        return value
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__name__} that cannot be shown>"
+
+
+def shown(value: Any, limit: int = 120) -> str:
+    """`repr(value)` for a message, cut short; never raises."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__} that cannot be shown>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def describe(exc: BaseException) -> str:
+    """`"ValueError: the message"` for an exception, or its type alone; never raises."""
+    text = safe_text(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def well_formed(text: str) -> str:
@@ -125,7 +153,7 @@ def failure_result(
     if retryable is None:
         retryable = _RETRYABLE[status]
     # the JSON line is the contract: shorten what it says, never cut the line itself
-    error = _cut(error, limit // 2)
+    error = _cut(safe_text(error), limit // 2)
     detail = None if detail is None else _cut(detail, limit // 4)
     hint = None if hint is None else _cut(hint, limit // 8)
     content = failure_content(

@@ -21,6 +21,7 @@ from ._history import DEFAULT_HISTORY_LIMIT, History
 from ._plan import FIND_TOOLS, RUN_TOOL, Draft, PlannedCall, Planner, PlannerState
 from ._providers import tool_entry
 from ._registry import Tool
+from ._results import describe, shown
 from ._types import (
     Allow,
     Decision,
@@ -300,26 +301,43 @@ class Session:
                 try:
                     ret = await _maybe_await(fn(event, self.state))
                 except Exception:
-                    log.warning("rewriter %r raised on call %s; skipped", fn, draft.call_id, exc_info=True)
+                    log.warning(
+                        "rewriter %s raised on call %s; skipped", shown(fn), draft.call_id, exc_info=True
+                    )
                     continue
                 if ret is None:
                     continue
                 if not isinstance(ret, Mapping) or "tool_name" not in ret or "args" not in ret:
-                    log.warning("rewriter %r returned %r, not {'tool_name', 'args'}; dropped", fn, ret)
+                    log.warning(
+                        "rewriter %s returned %s, not {'tool_name', 'args'}; dropped", shown(fn), shown(ret)
+                    )
                     continue
                 if not isinstance(ret["tool_name"], str) or not isinstance(ret["args"], Mapping):
                     log.warning(
-                        "rewriter %r returned tool_name/args of the wrong types: %r; dropped", fn, ret
+                        "rewriter %s returned tool_name/args of the wrong types: %s; dropped",
+                        shown(fn),
+                        shown(ret),
                     )
                     continue
                 if "call_id" in ret:
-                    log.warning("rewriter %r tried to change call_id of %s; call_id kept", fn, draft.call_id)
-                name, args = ret["tool_name"], dict(ret["args"])
+                    log.warning(
+                        "rewriter %s tried to change call_id of %s; call_id kept", shown(fn), draft.call_id
+                    )
+                try:
+                    name, args = ret["tool_name"], dict(ret["args"])
+                except Exception:
+                    log.warning(
+                        "rewriter %s returned args that cannot be read; dropped", shown(fn), exc_info=True
+                    )
+                    continue
             if (name, args) == (draft.name, draft.args):
                 continue
-            if name not in palette:
+            if name not in palette or name == RUN_TOOL:
+                # run_tool is unwrapped before rewriters speak: a rewrite to it would run its stub
                 log.warning(
-                    "rewrite of call %s to %r dropped: not a tool of this session", draft.call_id, name
+                    "rewrite of call %s to %r dropped: not a tool a call can be rewritten to",
+                    draft.call_id,
+                    name,
                 )
                 continue
             planner.apply_rewrite(draft, name, args)
@@ -344,7 +362,7 @@ class Session:
                     decision = await _maybe_await(gate(call, self._context(call.id, call.name)))
                 except Exception as exc:
                     log.warning("gate raised on call %s; the call is denied", call.id, exc_info=True)
-                    decision = Deny(f"the gate failed: {type(exc).__name__}: {exc}")
+                    decision = Deny(f"the gate failed: {describe(exc)}")
             taken[draft.call_id] = decision
             if isinstance(decision, Deny):
                 planner.deny(draft, decision.reason)
@@ -353,8 +371,10 @@ class Session:
             elif isinstance(decision, Interrupt):
                 pending.append((draft.resolved_call(), decision.reason, decision.payload))
             else:
-                log.warning("gate returned %r, not Allow, Deny or Interrupt; the call is denied", decision)
-                planner.deny(draft, f"the gate returned {decision!r}")
+                log.warning(
+                    "gate returned %s, not Allow, Deny or Interrupt; the call is denied", shown(decision)
+                )
+                planner.deny(draft, f"the gate returned {shown(decision)}")
         if pending:
             raise DispatchInterrupted(pending)
         return taken
@@ -368,7 +388,7 @@ class Session:
                 try:
                     await _maybe_await(fn(event))
                 except Exception:
-                    log.warning("event subscriber %r raised; ignored", fn, exc_info=True)
+                    log.warning("event subscriber %s raised; ignored", shown(fn), exc_info=True)
 
     def next_call_id(self) -> str:
         return f"invoke_{self.id}_{next(self._ids)}"

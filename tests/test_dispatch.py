@@ -696,6 +696,33 @@ async def test_rewriters_follow_symfonics_contract(caplog: Any) -> None:
     assert "call_id" in text
 
 
+async def test_a_rewrite_to_run_tool_or_with_unreadable_args_is_dropped(caplog: Any) -> None:
+    """A rewriter cannot send a call to run_tool (unwrapped before rewriters speak), and one whose
+    args cannot be read is dropped; the original call runs."""
+
+    class Unreadable(Mapping[str, Any]):
+        def __getitem__(self, key: str) -> Any:
+            raise KeyError(key)
+
+        def __iter__(self) -> Any:
+            raise RuntimeError("cannot iterate")
+
+        def __len__(self) -> int:
+            return 1
+
+    def to_run_tool(event: Any, state: Any) -> Any:
+        if event.call_id == "1":
+            return {"tool_name": "run_tool", "args": {"name": "echo", "args": {"text": "via run_tool"}}}
+        return {"tool_name": "echo", "args": Unreadable()}
+
+    d = Dispatcher(fake_registry(Counter()), rewriters=[to_run_tool])
+    results = await d.session("s", mode="direct").dispatch(
+        [call("1", "echo", text="a"), call("2", "echo", text="b")]
+    )
+    assert [(r.status, r.content) for r in results] == [(Status.ok, "a"), (Status.ok, "b")]
+    assert "not a tool a call can be rewritten to" in caplog.text and "cannot be read" in caplog.text
+
+
 async def test_no_rewriters_no_event_built(monkeypatch: Any) -> None:
     """Without rewriters, no ToolCallDispatchEvent is ever constructed."""
     import dispatcher._session as session_module
@@ -980,3 +1007,136 @@ async def test_provider_shapes_are_accepted_and_answered() -> None:
     assert results[0].to_message("openai") == {"role": "tool", "tool_call_id": "c1", "content": "a"}
     fail = (await d.session().dispatch([call("c4", "boom")]))[0].to_message("anthropic")
     assert fail["is_error"] is True and fail["tool_use_id"] == "c4"
+
+
+# -- faults of the model, the tools and the seams stay with their own call ---------------
+
+
+class Unprintable(Exception):
+    """An exception whose text cannot be made."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+async def test_a_lone_surrogate_in_the_arguments_is_invalid_not_a_crash() -> None:
+    """The JSON escape of a lone surrogate, in a value or a key, is invalid_arguments for that call."""
+    d, counter, _ = setup()
+    s = d.session("s", mode="direct")
+    results = await s.dispatch(
+        [
+            openai_call("v", "echo", '{"text": "\\ud800"}'),
+            openai_call("k", "echo", '{"text": "x", "\\udc00": 1}'),
+            openai_call("ok", "echo", {"text": "fine"}),
+        ]
+    )
+    assert [r.status for r in results] == [Status.invalid_arguments, Status.invalid_arguments, Status.ok]
+    error = results[0].error()
+    assert error is not None and "lone surrogate '\\ud800'" in error["error"]
+    assert [key for _, key in counter.runs] == ["fine"]
+
+
+@pytest.mark.parametrize(
+    ("raised", "expected"),
+    [
+        (Unprintable(), "Unprintable: <Unprintable that cannot be shown>"),
+        (ToolError(123), "123"),  # type: ignore[arg-type]  # a message that is not text
+    ],
+    ids=["unprintable", "message-not-text"],
+)
+async def test_an_exception_that_cannot_be_printed_is_a_failed_result(
+    raised: Exception, expected: str
+) -> None:
+    """A tool raising an exception whose text cannot be made, or a ToolError whose message is not
+    text, still gives a failed result; its sibling is untouched."""
+
+    async def broken(args: Mapping[str, Any], ctx: Any) -> str:
+        raise raised
+
+    async def fine(args: Mapping[str, Any], ctx: Any) -> str:
+        return "fine"
+
+    reg = Registry(
+        [
+            Tool("broken", "b", broken, concurrent=True, deferred=False),
+            Tool("fine", "f", fine, concurrent=True, deferred=False),
+        ]
+    )
+    s = Dispatcher(reg).session("s")
+    bad, good = await s.dispatch([openai_call("b", "broken", {}), openai_call("f", "fine", {})])
+    error = bad.error()
+    assert bad.status is Status.failed and error is not None and error["error"] == expected
+    assert good.content == "fine"
+
+
+@pytest.mark.parametrize("args", [5, "x", [1, 2]], ids=["int", "str", "list"])
+async def test_an_allow_whose_arguments_are_not_an_object_denies(args: Any) -> None:
+    """A gate that approves with arguments that are not an object refuses the call; nothing runs."""
+    ran: list[Any] = []
+
+    async def guarded(a: Mapping[str, Any], ctx: Any) -> str:
+        ran.append(a)
+        return "ran"
+
+    reg = Registry([Tool("g", "g", guarded, deferred=False, confirm=True)])
+    for gate, decisions in ((lambda c, x: Allow(args=args), None), (None, {"c": Allow(args=args)})):
+        s = Dispatcher(reg, gate=gate).session("s")
+        [r] = await s.dispatch([openai_call("c", "g", {})], decisions=decisions)
+        error = r.error()
+        assert r.status is Status.denied and error is not None
+        assert "approved with arguments that are not an object" in error["error"]
+    assert ran == []
+
+
+async def test_a_gate_that_fails_in_odd_ways_denies_its_call() -> None:
+    """A gate raising an unprintable exception, or returning a value that cannot be shown or a Deny
+    whose reason cannot be printed, denies its call and nothing else."""
+
+    class NoRepr:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    answers: list[Any] = [Unprintable(), NoRepr(), Deny(reason=Unprintable())]  # type: ignore[arg-type]
+
+    def gate(c: ToolCall, ctx: Any) -> Any:
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    async def guarded(a: Mapping[str, Any], ctx: Any) -> str:
+        return "ran"
+
+    reg = Registry([Tool("g", "g", guarded, deferred=False, confirm=True)])
+    s = Dispatcher(reg, gate=gate).session("s")
+    results = await s.dispatch([openai_call(f"c{i}", "g", {"i": i}) for i in range(3)])
+    assert [r.status for r in results] == [Status.denied] * 3
+    assert "cannot be shown" in results[0].content and "cannot be shown" in results[1].content
+
+
+async def test_a_result_cache_that_returns_junk_is_a_miss(caplog: pytest.LogCaptureFixture) -> None:
+    """A store whose lookups return something other than a CacheEntry counts as a miss; the call runs."""
+
+    class JunkStore(MemoryResultCache):
+        def get(self, key: str) -> Any:
+            return "junk"
+
+        def get_many(self, keys: Any) -> Any:
+            return {k: "junk" for k in keys}
+
+    async def fetch(args: Mapping[str, Any], ctx: Any) -> str:
+        return "page " + args["url"]
+
+    schema = {"type": "object", "properties": {"url": {"type": "string"}}}
+    reg = Registry([Tool("fetch", "f", fetch, schema, deferred=False, cache=CachePolicy())])
+    s = Dispatcher(reg, cache=JunkStore()).session("s")
+    [r] = await s.dispatch([ToolCall("1", "fetch", {"url": "a"})])
+    assert r.content == "page a" and not r.cached
+    assert any("not a CacheEntry" in rec.getMessage() for rec in caplog.records)
+
+
+async def test_a_tool_call_whose_name_is_not_text_is_rejected() -> None:
+    """A ToolCall built in code with a name that is not a string is an unknown tool, not a crash."""
+    d, _, _ = setup()
+    [r] = await d.session("s").dispatch([ToolCall("1", 5, {})])  # type: ignore[arg-type]
+    assert r.status is Status.rejected and "Tool not found: 5" in r.content

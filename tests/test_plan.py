@@ -840,7 +840,7 @@ def test_raising_seam_is_invalid_arguments(seam: str) -> None:
     err = error_of(p)["error"]
     assert err.startswith(tool.name)
     assert "could not judge these arguments" in err
-    assert "KeyError('path')" in err
+    assert "KeyError: 'path'" in err
     assert not p.runs
 
 
