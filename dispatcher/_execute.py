@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import copy
 import inspect
 import logging
 import math
@@ -285,7 +286,7 @@ class Executor:
         if not self._hooks.after:
             return
         if call is None:
-            call = planned.call
+            call = ToolCall(planned.call_id, planned.name, copy.deepcopy(planned.args))
         for after in self._hooks.after:
             try:
                 await _maybe_await(after(call, result, ctx))
@@ -321,7 +322,11 @@ class Executor:
             return
         ctx = self._make_context(planned)
         hooks = self._hooks
-        call = planned.call if hooks.before or hooks.after else None  # one ToolCall for both
+        # one ToolCall for both kinds of hook, with a copy of the arguments: a hook that edits
+        # them must not change what the tool runs with, what was validated and keyed
+        call = None
+        if hooks.before or hooks.after:
+            call = ToolCall(planned.call_id, planned.name, copy.deepcopy(planned.args))
         try:
             for before in hooks.before:
                 try:

@@ -168,7 +168,9 @@ class Draft:
         self.outcome = outcome
 
     def resolved_call(self) -> ToolCall:
-        return ToolCall(id=self.call_id, name=self.name, arguments=self.args or {})
+        """The call as it stands, with a copy of its arguments: a gate that edits what it is
+        shown changes nothing (`Allow(args=...)` is how a gate changes them)."""
+        return ToolCall(id=self.call_id, name=self.name, arguments=copy.deepcopy(self.args or {}))
 
 
 class PlannedCall(NamedTuple):

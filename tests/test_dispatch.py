@@ -1114,6 +1114,31 @@ async def test_a_gate_that_fails_in_odd_ways_denies_its_call() -> None:
     assert "cannot be shown" in results[0].content and "cannot be shown" in results[1].content
 
 
+async def test_gates_and_hooks_that_edit_what_they_are_shown_change_nothing() -> None:
+    """A gate or hook that edits the call's arguments in place edits a copy: the tool runs with
+    the arguments that were validated and keyed, and history shows those."""
+    got: list[dict[str, Any]] = []
+
+    async def guarded(args: Mapping[str, Any], ctx: Any) -> str:
+        got.append(dict(args))
+        return "ran"
+
+    def gate(c: ToolCall, ctx: Any) -> Allow:
+        c.arguments["n"] = "DROP TABLE"  # type: ignore[index]
+        return Allow()
+
+    class Meddler:
+        def before(self, c: ToolCall, ctx: Any) -> None:
+            c.arguments["extra"] = 1  # type: ignore[index]
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "additionalProperties": False}
+    reg = Registry([Tool("g", "g", guarded, schema, deferred=False, confirm=True)])
+    s = Dispatcher(reg, gate=gate, hooks=[Meddler()]).session("s")
+    [r] = await s.dispatch([openai_call("c", "g", {"n": 1})])
+    assert r.status is Status.ok and got == [{"n": 1}]
+    assert dict(s.history[0].args) == {"n": 1}
+
+
 async def test_a_result_cache_that_returns_junk_is_a_miss(caplog: pytest.LogCaptureFixture) -> None:
     """A store whose lookups return something other than a CacheEntry counts as a miss; the call runs."""
 
