@@ -69,6 +69,10 @@ def is_read_only_command(command: object) -> bool:
         return False
     lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
+    # shlex starts a comment at any `#`, the shell only at the start of a word: with
+    # shlex's rule `ls a#; rm x` would hide `; rm x`. Reading `#` as a plain character
+    # instead only ever shows more of the line than the shell runs, never less.
+    lexer.commenters = ""
     try:
         tokens = list(lexer)
     except ValueError:  # an unclosed quote

@@ -14,6 +14,7 @@ import trio
 from builtin_tools import default_registry
 from builtin_tools._workspace import Workspace
 from builtin_tools.shell import ShellTools, is_read_only_command
+from dispatcher import Allow, Deny, Dispatcher, Status, ToolCall
 from dispatcher._exceptions import ToolError
 from dispatcher._types import ToolContext
 
@@ -136,6 +137,7 @@ async def test_run_command_reports_a_bad_timeout(ws: Path) -> None:
         "echo 'quoted > not a redirect'",
         "tail -n 20 log.txt",
         "pwd",
+        "grep -n '#include' main.c",
     ],
 )
 def test_read_only_commands(command: str) -> None:
@@ -171,6 +173,10 @@ def test_read_only_commands(command: str) -> None:
         "echo 'unclosed",
         "",
         "python -c 'print(1)'",
+        "ls a#; touch X",
+        "echo x#&&touch P",
+        "ls a#|touch P",
+        "ls # ; touch X",
     ],
 )
 def test_commands_that_are_not_read_only(command: str) -> None:
@@ -190,6 +196,24 @@ def test_run_command_flags_follow_the_read_only_test(ws: Path) -> None:
     assert tool.confirm({"command": "make"}) is True
     assert tool.writes({"command": "make"}) == {"file:/"}
     assert tool.confirm({}) is True  # unreadable arguments are not trusted
+
+
+@pytest.mark.parametrize("command", ["ls a#; touch X", "echo x#&&touch X", "ls a#|touch X"])
+async def test_a_hash_inside_a_word_hides_nothing_from_the_gate(ws: Path, command: str) -> None:
+    """A `#` inside a word does not hide what follows: the gate is asked, and its refusal
+    means nothing runs."""
+    asked: list[str] = []
+
+    def gate(call: ToolCall, ctx: Any) -> Allow | Deny:
+        asked.append(str(dict(call.arguments)["command"]))
+        return Deny("no")
+
+    dispatcher = Dispatcher(default_registry(ws, include=["run_command"]), gate=gate)
+    with trio.fail_after(10):
+        result = await dispatcher.invoke("run_command", {"command": command})
+    assert asked == [command]
+    assert result.status is Status.denied
+    assert os.listdir(ws) == []
 
 
 def _alive(pid: int) -> bool:
