@@ -7,12 +7,14 @@ gates. Pass 2 is the executor's. Events and the recording are written after comm
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import trio
 
 from ._commit import commit
 from ._exceptions import DispatchInterrupted
@@ -45,6 +47,11 @@ __all__ = ["Session", "SessionStatistics"]
 log = logging.getLogger("threepass.session")
 
 Subscriber = Callable[[ToolResultEvent], Any]
+
+_INSIDE: contextvars.ContextVar[frozenset[Session]] = contextvars.ContextVar(
+    "threepass_inside_sessions", default=frozenset()
+)
+"""The sessions whose batch the current task is part of (a handler runs inside its batch)."""
 
 
 @attrs.frozen
@@ -88,6 +95,7 @@ class Session:
         self._extra_core = tuple(core)
         self.recorder = recorder
         self._executed = 0
+        self._one_batch = trio.Lock()
         self._ids = itertools.count(1)
         self.new_run()
 
@@ -215,6 +223,34 @@ class Session:
         runner: ToolRunner | None = None,
         gate: Callable[..., Any] | None = None,
     ) -> list[ToolResult]:
+        """One batch at a time per session: a second dispatch waits for the first, so that an
+        approval is spent, a result remembered and a non-concurrent call finished before the
+        next batch plans. A dispatch made by a handler of this session's running batch (an
+        `invoke` from a tool) goes ahead: it is part of that batch's work."""
+        inside = _INSIDE.get()
+        if self in inside:
+            return await self._dispatch_one(calls, decisions, all_loaded, runner, gate)
+        lock = self._one_batch
+        try:
+            lock.acquire_nowait()  # no scheduler round trip when the session is free
+        except trio.WouldBlock:
+            await lock.acquire()
+        token = _INSIDE.set(inside | {self})
+        try:
+            return await self._dispatch_one(calls, decisions, all_loaded, runner, gate)
+        finally:
+            _INSIDE.reset(token)
+            lock.release()
+
+    async def _dispatch_one(
+        self,
+        calls: Sequence[Any],
+        decisions: Mapping[str, Allow | Deny] | None,
+        all_loaded: bool,
+        runner: ToolRunner | None,
+        gate: Callable[..., Any] | None,
+    ) -> list[ToolResult]:
+        calls = list(calls)  # once: the planner and the recording read the same calls
         d = self.dispatcher
         self._round += 1
         self._rounds_total += 1
@@ -229,7 +265,7 @@ class Session:
             max_argument_bytes=d.max_argument_bytes,
             max_output_bytes=d.max_output_bytes,
         )
-        drafts = planner.parse(list(calls))
+        drafts = planner.parse(calls)
         if d.rewriters:
             await self._rewrite(planner, drafts)
         planner.resolve(drafts)

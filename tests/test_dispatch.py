@@ -1139,6 +1139,47 @@ async def test_gates_and_hooks_that_edit_what_they_are_shown_change_nothing() ->
     assert dict(s.history[0].args) == {"n": 1}
 
 
+async def test_two_dispatches_on_one_session_take_turns(autojump_clock: Any) -> None:
+    """Two tasks dispatching on one session run one batch after the other: an approval given to
+    both runs once, a read is remembered for the second, and serial calls never overlap."""
+    d, counter, files = setup(gate=lambda c, x: Interrupt("ask"))
+
+    async def gated(args: Mapping[str, Any], ctx: Any) -> str:
+        counter.enter("gated", args["text"])
+        await trio.sleep(0.01)
+        counter.leave()
+        return "approved and ran"
+
+    d.registry.add(Tool("gated", "Needs a yes.", gated, TEXT_SCHEMA, deferred=False, confirm=True))
+    files["a"] = "v1"
+    s = d.session("s", mode="direct")
+    gated = [openai_call("g1", "gated", {"text": "x"})]
+    with pytest.raises(DispatchInterrupted):
+        await s.dispatch(gated)
+    batches = [
+        (gated, {"g1": Allow()}),
+        (gated, {"g1": Allow()}),
+        ([openai_call("s1", "serial", {"text": "one"}), openai_call("r1", "read", {"path": "a"})], None),
+        ([openai_call("s2", "serial", {"text": "two"}), openai_call("r2", "read", {"path": "a"})], None),
+    ]
+    found: list[list[Any]] = [[] for _ in batches]
+
+    async def run(i: int) -> None:
+        calls, decisions = batches[i]
+        found[i] = await s.dispatch(calls, decisions=decisions)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(batches)):
+            nursery.start_soon(run, i)
+    ran = [name for name, _ in counter.runs]
+    assert ran.count("gated") == 1 and ran.count("read") == 1
+    assert not counter.serial_overlap
+    # the second resume finds the first's success remembered: served again, not run again
+    resumed = sorted((r.status, r.deduped) for r in found[0] + found[1])
+    assert resumed == [(Status.ok, False), (Status.ok, True)]
+    assert found[2][1].deduped or found[3][1].deduped
+
+
 async def test_a_result_cache_that_returns_junk_is_a_miss(caplog: pytest.LogCaptureFixture) -> None:
     """A store whose lookups return something other than a CacheEntry counts as a miss; the call runs."""
 
