@@ -480,7 +480,13 @@ class Executor:
                         trio.from_thread.run_sync(limiter.release_on_behalf_of, borrower, trio_token=token)
 
         try:
-            value = await trio.to_thread.run_sync(job, abandon_on_cancel=True, limiter=_UNLIMITED)
+            # A call on a slot of its own is reported at its timeout and the thread gives the
+            # slot back when it returns. A nested call (borrower None) runs on its caller's
+            # slot, which the caller frees when it returns: it is not abandoned, so its
+            # timeout cannot cut it short, and it is reported as it ends.
+            value = await trio.to_thread.run_sync(
+                job, abandon_on_cancel=borrower is not None, limiter=_UNLIMITED
+            )
         except BaseException:
             with state.lock:
                 state.abandoned = not state.finished

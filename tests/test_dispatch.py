@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -134,6 +135,42 @@ async def test_handlers_that_invoke_tools_never_deadlock_at_the_limit(sync: bool
     assert sorted(inner_runs) == list(range(5))
     assert d.limiter.borrowed_tokens == 0
     assert s.statistics().calls == 10
+
+
+async def test_a_nested_sync_call_past_its_timeout_keeps_the_slot() -> None:
+    """A sync tool invoked from a handler runs on that handler's slot; past its timeout it is not
+    abandoned, so nothing else starts on the slot while its thread still runs."""
+    events: list[str] = []
+
+    def slow_sync(args: Mapping[str, Any], ctx: Any) -> str:
+        events.append("slow start")
+        time.sleep(0.3)
+        events.append("slow end")
+        return "slow"
+
+    async def quick(args: Mapping[str, Any], ctx: Any) -> str:
+        events.append("quick")
+        return "quick"
+
+    async def outer(args: Mapping[str, Any], ctx: Any) -> str:
+        found = await ctx.dispatcher.invoke("slow_sync", {}, session=ctx.session)
+        return f"outer got {found.status.value}"
+
+    reg = Registry(
+        [
+            Tool("slow_sync", "s", slow_sync, deferred=False, timeout=0.05),
+            Tool("quick", "q", quick, deferred=False),
+            Tool("outer", "o", outer, deferred=False),
+        ]
+    )
+    d = Dispatcher(reg, max_concurrent=1)
+    with trio.fail_after(10):
+        results = await d.session("s").dispatch(
+            [openai_call("a", "outer", {}), openai_call("b", "quick", {})]
+        )
+    assert events == ["slow start", "slow end", "quick"]
+    assert [r.content for r in results] == ["outer got ok", "quick"]
+    assert d.limiter.borrowed_tokens == 0
 
 
 async def test_a_handler_that_invokes_side_by_side_stays_on_its_slot(autojump_clock: Any) -> None:
