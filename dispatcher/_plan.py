@@ -675,24 +675,30 @@ class Planner:
         before = d.writes
         d.args = dict(decision.args)
         d.force = False
+        key_before = d.key
         if self._key(d, entry):
             self._validate(d, entry)
-        if d.writes != before:
-            self._writes_moved = True
+        if d.writes != before or d.key != key_before:
+            self._writes_moved = True  # what pass 1 decided from this call is looked at again
 
     # -- finish: freeze the plan and group the runnable calls ------------------------
 
     def _reopen_stale(self, drafts: Sequence[Draft]) -> None:
-        """An Allow that changed a writer's arguments changed what it writes: a follower, or an
-        earlier success served again, that reads what a write before it now touches runs after
-        all (pass 1 decided them from the writes as they were before the gate)."""
+        """An Allow that changed a call's arguments changed what pass 1 decided from them:
+        - a follower whose leader now runs with other arguments no longer shares its result;
+        - a follower, or an earlier success served again, that reads what a write before it
+          now touches runs after all.
+        Such a call runs unless its tool needs confirmation: a gate never saw it, so it is
+        refused, to be called again."""
         writers: list[tuple[int, frozenset[str]]] = []
         for d in drafts:
             served = d.outcome is not None and (d.outcome.deduped or d.outcome.cached)
             if d.step == "following" and d.leader is not None:
                 leader = drafts[d.leader]
                 since = [w for i, w in writers if d.leader < i]
-                stale = leader.outcome is None and any(resources_overlap(d.reads, w) for w in since)
+                stale = leader.key != d.key or (
+                    leader.outcome is None and any(resources_overlap(d.reads, w) for w in since)
+                )
             elif d.step == "decided" and served:
                 stale = any(resources_overlap(d.reads, w) for _, w in writers)
             else:
@@ -700,16 +706,24 @@ class Planner:
             if stale and d.entry is not None:
                 d.advance("reopened")
                 d.leader, d.outcome = None, None
-                if self._validate(d, d.entry) and d.step == "reopened" and d.confirm:
+                if self._validate(d, d.entry) and d.step == "reopened" and self._needs_gate(d, d.entry):
                     self._fail(
                         d,
                         Status.denied,
-                        "a gated write changed what this call reads and it needs confirmation again",
+                        "a gate changed the arguments of an earlier call, and this call, decided from "
+                        "them, now needs a confirmation of its own",
                         retryable=True,
                         hint="call it again",
                     )
             if d.outcome is None and d.leader is None and d.writes:
                 writers.append((d.index, d.writes))
+
+    def _needs_gate(self, d: Draft, entry: RegisteredTool) -> bool:
+        """Whether the tool wants confirmation for these arguments (a predicate that fails: yes)."""
+        try:
+            return _evaluate(entry.tool.confirm, d.args or {})
+        except Exception:
+            return True
 
     def finish(self, drafts: Sequence[Draft]) -> Plan:
         if self._writes_moved:

@@ -29,7 +29,7 @@ from dispatcher import (
     ToolError,
 )
 
-from ._fakes import TEXT_SCHEMA, Counter, call, fake_registry, openai_call
+from ._fakes import PATH_SCHEMA, TEXT_SCHEMA, Counter, call, fake_registry, openai_call
 
 
 def test_public_names_are_exactly_the_surface() -> None:
@@ -1215,6 +1215,61 @@ async def test_two_dispatches_on_one_session_take_turns(autojump_clock: Any) -> 
     resumed = sorted((r.status, r.deduped) for r in found[0] + found[1])
     assert resumed == [(Status.ok, False), (Status.ok, True)]
     assert found[2][1].deduped or found[3][1].deduped
+
+
+def _gated_file_tools(ran: list[tuple[str, str]]) -> Registry:
+    """R reads a path and W writes one; both need confirmation."""
+
+    async def r(args: Mapping[str, Any], ctx: Any) -> str:
+        ran.append(("R", args["path"]))
+        return f"read {args['path']}"
+
+    async def w(args: Mapping[str, Any], ctx: Any) -> str:
+        ran.append(("W", args["path"]))
+        return f"wrote {args['path']}"
+
+    def key(args: Mapping[str, Any]) -> set[str]:
+        return {f"file:{args['path']}"}
+
+    return Registry(
+        [
+            Tool("R", "r", r, PATH_SCHEMA, deferred=False, confirm=True, reads=key),
+            Tool("W", "w", w, PATH_SCHEMA, deferred=False, confirm=True, writes=key),
+        ]
+    )
+
+
+async def test_a_call_reopened_by_a_gates_change_is_never_run_ungated() -> None:
+    """When a gate's Allow(args) moves a call, the calls pass 1 decided from it (a follower of a
+    moved read, a repeat after a moved write) are refused for a confirmation of their own, not run."""
+    ran: list[tuple[str, str]] = []
+
+    def gate(c: ToolCall, ctx: Any) -> Allow:
+        return Allow(args={"path": "/x"}) if c.name == "W" else Allow(args={"path": "/safe"})
+
+    s = Dispatcher(_gated_file_tools(ran), gate=gate).session("s", mode="direct")
+    r1, w, r2 = await s.dispatch(
+        [
+            openai_call("r1", "R", {"path": "/x"}),
+            openai_call("w", "W", {"path": "/y"}),
+            openai_call("r2", "R", {"path": "/x"}),
+        ]
+    )
+    assert ran == [("R", "/safe"), ("W", "/x")]
+    assert (r1.content, w.content) == ("read /safe", "wrote /x")
+    assert r2.status is Status.denied and "needs a confirmation of its own" in r2.content
+
+
+async def test_a_follower_of_a_leader_the_gate_moved_does_not_share_its_result() -> None:
+    """Two identical gated reads: the gate moves the first; the second is not served the moved
+    call's result as if it were its own."""
+    ran: list[tuple[str, str]] = []
+    s = Dispatcher(_gated_file_tools(ran), gate=lambda c, x: Allow(args={"path": "/other"})).session("s")
+    first, second = await s.dispatch(
+        [openai_call("a", "R", {"path": "/x"}), openai_call("b", "R", {"path": "/x"})]
+    )
+    assert ran == [("R", "/other")] and first.content == "read /other"
+    assert second.status is Status.denied and "read /other" not in second.content
 
 
 async def test_a_result_cache_that_returns_junk_is_a_miss(caplog: pytest.LogCaptureFixture) -> None:
