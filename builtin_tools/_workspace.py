@@ -135,6 +135,26 @@ class Workspace:
             joined = path if os.path.isabs(path) else os.path.join(self.root, path)
             return f"file:{os.path.normpath(joined)}"
 
+    def check_writable(self, target: Path) -> None:
+        """Refuse a resolved `target` inside a `.git` folder (or a `.git` file itself).
+
+        git runs programs its config names (hooks, fsmonitor, filters, diff drivers),
+        and `git status`/`git diff` run without confirmation: a file tool that wrote
+        there would let a model choose what they run. Changes to git's own files go
+        through run_command, which asks first. Case-insensitive, as some file systems are.
+        """
+        try:
+            parts = target.relative_to(self.root).parts
+        except ValueError:
+            return  # outside: `resolve` has already refused it
+        if any(part.lower() == ".git" for part in parts):
+            raise ToolError(
+                f"{self.relative(target)!r} is inside a .git folder, which the file tools "
+                "do not change (git runs programs named there); use run_command, "
+                "which asks for confirmation",
+                retryable=False,
+            )
+
     def relative(self, path: Path) -> str:
         """`path` as shown to a model: relative to the root, '/'-separated ('.' for the root)."""
         try:
@@ -155,6 +175,7 @@ class Workspace:
         call_id: str | None = None,
     ) -> Change:
         """Replace (or create) the file at `target` with `content`, keeping what was there."""
+        self.check_writable(target)
         with self.lock:
             previous = self._read_for_backup(target)
             _atomic_write(target, content)
@@ -177,6 +198,7 @@ class Workspace:
         what was there. `staged` is removed if the move is refused."""
         with self.lock:
             try:
+                self.check_writable(target)
                 previous = self._read_for_backup(target)
                 os.replace(staged, target)
             except BaseException:
@@ -188,6 +210,7 @@ class Workspace:
         self, target: Path, *, session_id: str | None = None, call_id: str | None = None
     ) -> Change:
         """Delete the regular file at `target`, keeping its content."""
+        self.check_writable(target)
         with self.lock:
             previous = self._read_for_backup(target)
             if previous is None:
@@ -205,6 +228,7 @@ class Workspace:
         those changes without a trace).
         """
         rel = self.relative(target)
+        self.check_writable(target)
         with self.lock:
             stack = self._revisions.get(target)
             if not stack:

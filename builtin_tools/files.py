@@ -204,6 +204,7 @@ class FileTools:
         new: str = args["new_string"]
         replace_all = bool(args.get("replace_all", False))
         target = self.ws.resolve(path)
+        self.ws.check_writable(target)
         rel = self.ws.relative(target)
         who = _who(ctx)
         with self.ws.lock:  # read, change and write as one step against other sessions
@@ -260,6 +261,7 @@ class FileTools:
     def remove_file(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
         path: str = args["path"]
         target = self.ws.resolve(path)
+        self.ws.check_writable(target)
         lexical = Path(path) if os.path.isabs(path) else self.ws.root / path
         if lexical.is_symlink():
             raise ToolError(

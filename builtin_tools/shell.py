@@ -10,6 +10,7 @@ dispatcher's passes may be imported here.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -49,7 +50,46 @@ _READ_ONLY_PROGRAMS: dict[str, frozenset[str]] = {
 }
 _READ_ONLY_GIT = frozenset({"status", "log", "diff", "show"})
 # git diff/log/show --output=<file> writes; --ext-diff and --textconv run configured programs.
+# git also takes any unambiguous prefix of a long option (`--outp=x` is `--output=x`).
 _GIT_WRITING_OPTIONS = frozenset({"--output", "--ext-diff", "--textconv"})
+
+# A git command that runs without confirmation must not run programs named in the
+# repository's own config (.git/config, which a command or a download could have written
+# before): core.fsmonitor runs on `git status`, filter drivers whenever git hashes a
+# changed file, diff.external and textconv drivers on `git diff/log/show`, gpg on a
+# signature check. Refusing such commands would leave no read-only way to look at a
+# repository, and reading the config ourselves to decide would still leave git reading it
+# again, differently, when it runs. So these commands run with safe settings forced:
+# - these values, passed as GIT_CONFIG_COUNT/KEY/VALUE, which git ranks like `-c`,
+#   above every config file;
+# - every `filter.<driver>.*` and `diff.<driver>.*` program named in the config of the
+#   folder the command runs in, emptied the same way (a driver's name is arbitrary, so
+#   they are read from `git config --list` first; that command runs none of them);
+# - `--no-ext-diff --no-textconv` after diff/log/show, through a shell function named
+#   git: `diff.external` has no value that turns it off.
+# safe.bareRepository=explicit stops git from taking a folder of plain files that looks
+# like a bare repository (HEAD, config, objects/, refs/) for one. The file tools refuse
+# to write inside `.git` folders (`Workspace.check_writable`), so planting config there
+# needs a command the gate sees. Commands that needed confirmation run as written.
+_SAFE_GIT_CONFIG: tuple[tuple[str, str], ...] = (
+    ("core.fsmonitor", "false"),
+    ("core.hooksPath", "/dev/null"),
+    ("core.pager", "cat"),
+    ("safe.bareRepository", "explicit"),
+    ("log.showSignature", "false"),
+    ("gpg.program", "false"),
+    ("gpg.ssh.program", "false"),
+    ("gpg.x509.program", "false"),
+)
+# The config keys (as `git config --list` spells them) whose value is a program to run.
+_GIT_DRIVER_PROGRAM = re.compile(
+    r"(filter|diff|merge)\..+\.(clean|smudge|process|textconv|command|driver)"
+)
+_SAFE_GIT_FUNCTION = (
+    'git() { case "$1" in status) command git "$@" ;; '
+    '*) __tp_sub=$1; shift; command git "$__tp_sub" --no-ext-diff --no-textconv "$@" ;; esac; }'
+)
+_GIT_CONFIG_TIMEOUT = 10.0
 # Expansions that run a command even inside double quotes; newlines separate commands.
 _RAW_FORBIDDEN = ("`", "$(", "\n", "\r", "<(", ">(")
 
@@ -63,10 +103,22 @@ def is_read_only_command(command: object) -> bool:
     command substitution (`$(...)`, backticks), an environment assignment or a newline
     makes it not read-only. When in doubt: False.
     """
+    segments = _read_only_segments(command)
+    return segments is not None
+
+
+def _runs_git(command: str) -> bool:
+    """Whether `command` is read-only (so runs without confirmation) and runs git."""
+    segments = _read_only_segments(command)
+    return segments is not None and any(words[0] == "git" for words in segments)
+
+
+def _read_only_segments(command: object) -> list[list[str]] | None:
+    """The words of each command of a read-only pipeline; None if it is not read-only."""
     if not isinstance(command, str) or not command.strip():
-        return False
+        return None
     if any(bad in command for bad in _RAW_FORBIDDEN):
-        return False
+        return None
     lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     # shlex starts a comment at any `#`, the shell only at the start of a word: with
@@ -76,16 +128,18 @@ def is_read_only_command(command: object) -> bool:
     try:
         tokens = list(lexer)
     except ValueError:  # an unclosed quote
-        return False
+        return None
     segments: list[list[str]] = [[]]
     for token in tokens:
         if token == "|":
             segments.append([])
         elif token and all(ch in "();<>|&" for ch in token):
-            return False  # any other operator
+            return None  # any other operator
         else:
             segments[-1].append(token)
-    return all(_segment_is_read_only(words) for words in segments)
+    if not all(_segment_is_read_only(words) for words in segments):
+        return None
+    return segments
 
 
 def _segment_is_read_only(words: list[str]) -> bool:
@@ -95,11 +149,18 @@ def _segment_is_read_only(words: list[str]) -> bool:
     if program == "git":
         if not rest or rest[0] not in _READ_ONLY_GIT:
             return False  # includes options before the subcommand (-c, -C, --exec-path)
-        return not any(_option_name(w) in _GIT_WRITING_OPTIONS for w in rest[1:])
+        return not any(_is_git_writing_option(w) for w in rest[1:])
     forbidden = _READ_ONLY_PROGRAMS.get(program)
     if forbidden is None:
         return False
     return not any(_option_name(w) in forbidden for w in rest)
+
+
+def _is_git_writing_option(word: str) -> bool:
+    name = _option_name(word)
+    if not name.startswith("--") or len(name) < 3:
+        return False
+    return any(option.startswith(name) for option in _GIT_WRITING_OPTIONS)
 
 
 def _option_name(word: str) -> str:
@@ -156,8 +217,16 @@ class ShellTools:
         stderr = _HeadTail(self.max_output_bytes)
         exit_code: int | None = None
         abandoned = False
+        env = dict(os.environ)
+        env["GIT_OPTIONAL_LOCKS"] = "0"  # a read-only `git status` then leaves .git alone
+        env["GIT_TERMINAL_PROMPT"] = "0"
+        env.setdefault("PAGER", "cat")
+        script = command
         with trio.move_on_after(timeout) as deadline:
-            exit_code, abandoned = await self._run(command, cwd, stdout, stderr)
+            if _runs_git(command):  # runs without confirmation: see _SAFE_GIT_CONFIG
+                env = await _safe_git_env(env, cwd)
+                script = _SAFE_GIT_FUNCTION + "\n" + command
+            exit_code, abandoned = await self._run(script, cwd, env, stdout, stderr)
         if deadline.cancelled_caught:
             raise ToolError(
                 f"command timed out after {timeout:g} s and was killed\n"
@@ -166,15 +235,16 @@ class ShellTools:
         return _render(exit_code, stdout, stderr, abandoned=abandoned)
 
     async def _run(
-        self, command: str, cwd: os.PathLike[str], stdout: _HeadTail, stderr: _HeadTail
+        self,
+        command: str,
+        cwd: os.PathLike[str],
+        env: Mapping[str, str],
+        stdout: _HeadTail,
+        stderr: _HeadTail,
     ) -> tuple[int | None, bool]:
         """Run `command` to its exit; return (exit code, whether output was abandoned)."""
         exited = trio.Event()
         readers_done = trio.Event()
-        env = dict(os.environ)
-        env["GIT_OPTIONAL_LOCKS"] = "0"  # a read-only `git status` then leaves .git alone
-        env["GIT_TERMINAL_PROMPT"] = "0"
-        env.setdefault("PAGER", "cat")
         options: dict[str, Any] = {}
         if os.name == "posix":
             options = {"start_new_session": True, "deliver_cancel": _kill_process_group}
@@ -226,6 +296,51 @@ class ShellTools:
                 f"cannot start the command with {self.shell!r}: {cause}", retryable=False
             ) from cause
         return process.returncode, abandoned
+
+
+async def _safe_git_env(env: Mapping[str, str], cwd: os.PathLike[str]) -> dict[str, str]:
+    """`env` with git's program-running settings overridden (see _SAFE_GIT_CONFIG), for
+    the repository `cwd` is in."""
+    overrides = list(_SAFE_GIT_CONFIG)
+    safe = _with_git_config(env, overrides)
+    try:
+        with trio.fail_after(_GIT_CONFIG_TIMEOUT):
+            listing = await trio.run_process(
+                ["git", "config", "-z", "--name-only", "--list"],
+                cwd=cwd,
+                env=safe,
+                stdin=subprocess.DEVNULL,
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+    except FileNotFoundError:
+        return safe  # no git: the command fails on its own, and runs nothing from a config
+    except trio.TooSlowError:
+        raise ToolError("reading the git configuration timed out", retryable=True) from None
+    if listing.returncode != 0:
+        reason = listing.stderr.decode("utf-8", errors="replace").strip()
+        raise ToolError(f"cannot read the git configuration here: {reason}", retryable=False)
+    names = listing.stdout.decode("utf-8", errors="replace").split("\0")
+    programs = sorted({name for name in names if _GIT_DRIVER_PROGRAM.fullmatch(name)})
+    overrides += [(name, "") for name in programs]
+    # A filter marked required fails the command when it cannot run: let it pass instead.
+    drivers = {name.rsplit(".", 1)[0] for name in programs if name.startswith("filter.")}
+    overrides += [(f"{driver}.required", "false") for driver in sorted(drivers)]
+    return _with_git_config(env, overrides)
+
+
+def _with_git_config(env: Mapping[str, str], settings: list[tuple[str, str]]) -> dict[str, str]:
+    out = dict(env)
+    try:
+        start = int(out.get("GIT_CONFIG_COUNT") or 0)
+    except ValueError:
+        start = 0  # git would refuse the malformed count: replace it
+    for offset, (key, value) in enumerate(settings):
+        out[f"GIT_CONFIG_KEY_{start + offset}"] = key
+        out[f"GIT_CONFIG_VALUE_{start + offset}"] = value
+    out["GIT_CONFIG_COUNT"] = str(start + len(settings))
+    return out
 
 
 def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:

@@ -263,6 +263,7 @@ class WebTools:
         rel = self.ws.relative(target)
         if target.is_dir():
             raise ToolError(f"{rel!r} is a folder; give a file path", retryable=False)
+        self.ws.check_writable(target)  # before anything is staged beside it
         await trio.Path(target.parent).mkdir(parents=True, exist_ok=True)
         staged = staging_path(target)
         digest = xxhash.xxh3_128()

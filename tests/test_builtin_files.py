@@ -327,6 +327,32 @@ def test_remove_file_refuses_symlinks_folders_and_missing_files(ws: Path, tools:
     assert (ws / "target.txt").exists() and (ws / "link.txt").is_symlink()
 
 
+@pytest.mark.parametrize(
+    "path", [".git/config", ".git/hooks/post-index-change", "sub/.git/config", ".GIT/config",
+             "gitdir/config", ".git", "a/../.git/config"],
+)  # fmt: skip
+def test_file_tools_do_not_write_inside_git_folders(ws: Path, tools: FileTools, path: str) -> None:
+    """Files inside a .git folder (git runs programs named there) are neither created,
+    edited nor removed, however the path reaches them."""
+    for repo in (ws / ".git", ws / "sub/.git"):
+        (repo / "hooks").mkdir(parents=True)
+        (repo / "config").write_text("[core]\n")
+    (ws / "gitdir").symlink_to(".git")
+    before = {p: p.read_bytes() for p in ws.rglob("*") if p.is_file()}
+    attempts = [
+        ("edit_file", {"old_string": "[core]", "new_string": "[core]\n\tfsmonitor = evil"}),
+        ("edit_file", {"old_string": "", "new_string": "#!/bin/sh\n"}),
+        ("remove_file", {}),
+        ("restore_file", {}),
+    ]
+    for name, extra in attempts:
+        with pytest.raises(ToolError, match=r"inside a \.git folder") as info:
+            _call(tools, name, path=path, **extra)
+        assert info.value.retryable is False
+    assert {p: p.read_bytes() for p in ws.rglob("*") if p.is_file()} == before
+    assert not (ws / ".git/hooks/post-index-change").exists()
+
+
 def test_files_too_large_to_back_up_are_left_alone(ws: Path) -> None:
     """A file over the backup limit is neither edited nor removed: it could not be restored."""
     tools = FileTools(Workspace(ws, max_backup_file_bytes=100))

@@ -225,6 +225,14 @@ async def test_write_result_outside_the_workspace_records_nothing(meta: MetaTool
     assert "result" not in session.state
 
 
+async def test_write_result_does_not_write_inside_a_git_folder(ws: Path, meta: MetaTools) -> None:
+    """write_result refuses a path inside .git and records nothing."""
+    session = _Session()
+    with pytest.raises(ToolError, match=r"inside a \.git folder"):
+        await _call(meta, "write_result", session, content="x", path=".git/hooks/pre-commit")
+    assert not (ws / ".git").exists() and "result" not in session.state
+
+
 # -- flags -----------------------------------------------------------------------------------------
 
 

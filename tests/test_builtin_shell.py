@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +140,7 @@ async def test_run_command_reports_a_bad_timeout(ws: Path) -> None:
         "tail -n 20 log.txt",
         "pwd",
         "grep -n '#include' main.c",
+        "git diff --output-indicator-new=+",
     ],
 )
 def test_read_only_commands(command: str) -> None:
@@ -165,6 +168,10 @@ def test_read_only_commands(command: str) -> None:
         "git commit -m x",
         "git -c core.pager=sh status",
         "git diff --output=patch.txt",
+        "git diff --outp=patch.txt",
+        "git log --outpu patch.txt -1",
+        "git diff --ext-d",
+        "git show --textc",
         "FOO=1 ls",
         "ls\nrm x",
         "cat < input",
@@ -214,6 +221,81 @@ async def test_a_hash_inside_a_word_hides_nothing_from_the_gate(ws: Path, comman
     assert asked == [command]
     assert result.status is Status.denied
     assert os.listdir(ws) == []
+
+
+_needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+
+
+def _git(ws: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
+        cwd=ws, check=True, capture_output=True,
+    )  # fmt: skip
+
+
+def _hostile_repository(ws: Path, outside: Path) -> None:
+    """A repository whose config names a program (writing into `outside`) for every way
+    git runs one on status, diff, log and show."""
+    outside.mkdir()
+    payload = outside / "payload.sh"
+    payload.write_text(f"#!/bin/sh\ntouch \"{outside}/ran-$1\"\ncat\n")
+    payload.chmod(0o755)
+    _git(ws, "init", "-q", ".")
+    (ws / "f.txt").write_text("a\n")
+    (ws / ".gitattributes").write_text("* diff=conv filter=clean\n")
+    _git(ws, "add", ".")
+    _git(ws, "commit", "-q", "-m", "first")
+    for key, value in [
+        ("core.fsmonitor", f"{payload} fsmonitor"),
+        ("diff.external", f"{payload} external"),
+        ("diff.conv.textconv", f"{payload} textconv"),
+        ("filter.clean.clean", f"{payload} clean"),
+        ("filter.clean.required", "true"),
+        ("log.showSignature", "true"),
+        ("gpg.program", f"{payload} gpg"),
+    ]:
+        _git(ws, "config", key, value)
+    (ws / "f.txt").write_text("b\n")
+
+
+@_needs_git
+async def test_read_only_git_runs_nothing_the_repository_config_names(
+    ws: Path, tmp_path: Path
+) -> None:
+    """git status/diff/log/show run without confirmation, so they run none of the programs
+    the repository's config names, and still show the change."""
+    outside = tmp_path / "outside"
+    _hostile_repository(ws, outside)
+    commands = ["git status", "git status -v", "git diff", "git log -p", "git show", "git diff HEAD"]
+    assert all(is_read_only_command(c) for c in commands)
+    outputs = {c: await _run(ws, c) for c in commands}
+    assert sorted(p.name for p in outside.iterdir()) == ["payload.sh"]
+    assert "modified:   f.txt" in outputs["git status"]
+    assert "-a\n+b" in outputs["git diff"] and "-a\n+b" in outputs["git diff HEAD"]
+    assert "first" in outputs["git log -p"]
+    # The same config does run its programs when git is run as written.
+    with trio.fail_after(10):
+        await trio.run_process(["git", "diff"], cwd=ws, capture_stdout=True, check=False)
+    assert any(p.name.startswith("ran-") for p in outside.iterdir())
+
+
+@_needs_git
+async def test_git_that_needed_confirmation_runs_as_written(ws: Path, tmp_path: Path) -> None:
+    """A command the gate approved gets no forced git settings: the user chose to run it."""
+    outside = tmp_path / "outside"
+    _hostile_repository(ws, outside)
+    assert not is_read_only_command("git diff; true")
+    await _run(ws, "git diff; true")
+    assert any(p.name.startswith("ran-") for p in outside.iterdir())
+
+
+@_needs_git
+async def test_read_only_git_ignores_a_folder_that_looks_like_a_bare_repository(ws: Path) -> None:
+    """Plain files shaped like a bare repository are not taken for one (their config could
+    name programs); git says so instead of running."""
+    _git(ws, "init", "-q", "--bare", "plain")
+    out = await _run(ws, "git log", cwd="plain")
+    assert out.startswith("exit code: 128") and "cannot use bare repository" in out
 
 
 def _alive(pid: int) -> bool:

@@ -342,6 +342,16 @@ async def test_download_file_saves_the_exact_bytes_and_can_be_undone(
     assert [p.name for p in (ws / "data").iterdir()] == ["file.bin"]  # no staging file left
 
 
+async def test_download_file_does_not_write_inside_a_git_folder(
+    ws: Path, web: WebTools, server: str
+) -> None:
+    """A download into .git is refused before anything is staged there."""
+    (ws / ".git").mkdir()
+    with pytest.raises(ToolError, match=r"inside a \.git folder"):
+        await _call(web, "download_file", url=f"{server}/file.bin", path=".git/config")
+    assert list((ws / ".git").iterdir()) == []
+
+
 async def test_download_file_over_the_limit_leaves_nothing(ws: Path, server: str) -> None:
     """A download past its byte limit fails and leaves no file, partial or final."""
     web = WebTools(Workspace(ws), max_download_bytes=1000)
