@@ -8,7 +8,7 @@ the session delivers events and writes the recording.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import attrs
 
@@ -46,6 +46,7 @@ def commit(
     plan: Plan,
     executed: Mapping[int, ToolResult],
     *,
+    started: Collection[int] = (),
     state: PlannerState,
     cache: ResultCache | None,
     history: History,
@@ -66,6 +67,9 @@ def commit(
             result = executed.get(planned.index)
         results.append(result)
         if result is None:
+            if planned.writes and planned.index in started:
+                # started, then cancelled or blocked before it answered: it may have written
+                _invalidate(state, cache, planned.writes)
             continue
         history.add(run_id, round, planned, result)
         ok = result.status is Status.ok

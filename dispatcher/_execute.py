@@ -159,7 +159,7 @@ class Executor:
         self._max_out = max_output_bytes
         self._runner = runner
         self.results: dict[int, ToolResult] = {}
-        self.started = 0  # calls whose handler (or, in replay, runner) was started
+        self.started: set[int] = set()  # calls whose handler (or, in replay, runner) was started
         self.control = RunControl()
         self._nested = False
 
@@ -379,7 +379,7 @@ class Executor:
                 await limiter.acquire_on_behalf_of(borrower)
         # a sync call's slot is given back by its thread (it may outlive a timeout)
         release = borrower is not None and (self._runner is not None or tool.is_async)
-        self.started += 1
+        self.started.add(planned.index)
         started = time.time()
         t0 = time.monotonic()
         try:

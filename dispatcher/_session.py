@@ -287,6 +287,7 @@ class Session:
             outcome = commit(
                 plan,
                 executor.results,
+                started=executor.started,
                 state=self._planner_state,
                 cache=d.cache,
                 history=self.history,
@@ -295,7 +296,7 @@ class Session:
                 session_id=self.id,
                 want_events=want_events,
             )
-            self._executed += executor.started
+            self._executed += len(executor.started)
             if self.recorder is not None:
                 self.recorder.record_batch(
                     run_id=self._run_id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -1270,6 +1271,43 @@ async def test_a_follower_of_a_leader_the_gate_moved_does_not_share_its_result()
     )
     assert ran == [("R", "/other")] and first.content == "read /other"
     assert second.status is Status.denied and "read /other" not in second.content
+
+
+@pytest.mark.parametrize("how", ["cancelled", "blocked"])
+async def test_a_write_that_started_but_never_answered_drops_what_it_may_have_changed(
+    how: str, autojump_clock: Any
+) -> None:
+    """A writer cancelled mid-call, or one whose tool code raised HookBlocked, may have written:
+    the next read of what it writes runs again instead of being served the old result."""
+    state = {"v": "old"}
+
+    async def rd(args: Mapping[str, Any], ctx: Any) -> str:
+        return "value=" + state["v"]
+
+    async def wr(args: Mapping[str, Any], ctx: Any) -> str:
+        state["v"] = "new"
+        if how == "blocked":
+            raise HookBlocked("stop here")
+        await trio.sleep(10)  # waits for an acknowledgement after the effect happened
+        return "written"
+
+    def key(args: Mapping[str, Any]) -> set[str]:
+        return {"file:/f"}
+
+    reg = Registry(
+        [
+            Tool("rd", "r", rd, deferred=False, reads=key),
+            Tool("wr", "w", wr, deferred=False, writes=key),
+        ]
+    )
+    s = Dispatcher(reg).session("s", mode="direct")
+    [first] = await s.dispatch([openai_call("r1", "rd", {})])
+    with trio.move_on_after(1):
+        with contextlib.suppress(HookBlocked):
+            await s.dispatch([openai_call("w1", "wr", {})])
+    [again] = await s.dispatch([openai_call("r2", "rd", {})])
+    assert first.content == "value=old"
+    assert (again.content, again.deduped) == ("value=new", False)
 
 
 async def test_a_result_cache_that_returns_junk_is_a_miss(caplog: pytest.LogCaptureFixture) -> None:
