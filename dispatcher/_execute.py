@@ -423,7 +423,7 @@ class Executor:
                 duration=time.monotonic() - t0,
                 limit=self._max_out,
             )
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a tool that calls sys.exit (argparse does) fails alone
             slot.idle()
             return failure_result(
                 planned.call_id,

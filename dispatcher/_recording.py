@@ -124,12 +124,14 @@ class Recorder:
         results: Sequence[ToolResult | None],
         decisions: Mapping[str, Decision],
         control: BaseException | None,
+        all_loaded: bool = False,
     ) -> None:
         self._append(
             {
                 "type": "batch",
                 "run": run_id,
                 "round": round,
+                "all_loaded": all_loaded,  # `invoke`: every tool counts as loaded
                 "calls": [_call_json(c) for c in calls],
                 "decisions": {k: _decision_json(v) for k, v in decisions.items()},
                 "plan": [
@@ -292,7 +294,7 @@ async def replay(
         calls = [c.get("unreadable", c) for c in batch["calls"]]
         try:
             results = await session._dispatch(
-                calls, decisions=None, all_loaded=False, runner=serve, gate=gate
+                calls, decisions=None, all_loaded=bool(batch.get("all_loaded")), runner=serve, gate=gate
             )
         except _DivergenceSignal as signal:
             return ReplayReport(

@@ -306,6 +306,7 @@ class Session:
                     results=outcome.results,
                     decisions=gate_decisions,
                     control=executor.control.first(),
+                    all_loaded=all_loaded,
                 )
         if want_events:
             await self._deliver(outcome.events)

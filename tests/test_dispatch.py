@@ -1310,6 +1310,38 @@ async def test_a_write_that_started_but_never_answered_drops_what_it_may_have_ch
     assert (again.content, again.deduped) == ("value=new", False)
 
 
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+async def test_a_tool_that_exits_fails_alone(sync: bool) -> None:
+    """A tool that raises SystemExit (argparse inside a tool does) is a failed result; its
+    concurrent sibling finishes."""
+
+    async def exits_async(args: Mapping[str, Any], ctx: Any) -> str:
+        raise SystemExit(2)
+
+    def exits_sync(args: Mapping[str, Any], ctx: Any) -> str:
+        raise SystemExit(2)
+
+    async def sibling(args: Mapping[str, Any], ctx: Any) -> str:
+        await trio.sleep(0.01)
+        return "finished"
+
+    reg = Registry(
+        [
+            Tool("exits", "e", exits_sync if sync else exits_async, concurrent=True, deferred=False),
+            Tool("sibling", "s", sibling, concurrent=True, deferred=False),
+        ]
+    )
+    with trio.fail_after(10):
+        bad, good = (
+            await Dispatcher(reg)
+            .session("s")
+            .dispatch([openai_call("e", "exits", {}), openai_call("s", "sibling", {})])
+        )
+    error = bad.error()
+    assert bad.status is Status.failed and error is not None and error["error"] == "SystemExit: 2"
+    assert good.content == "finished"
+
+
 async def test_a_result_cache_that_returns_junk_is_a_miss(caplog: pytest.LogCaptureFixture) -> None:
     """A store whose lookups return something other than a CacheEntry counts as a miss; the call runs."""
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import trio
 
-from dispatcher import Deny, Dispatcher, Status, ToolCall, replay
+from dispatcher import Deny, Dispatcher, Status, Tool, ToolCall, replay
 
 from ._fakes import Counter, call, fake_registry
 
@@ -120,3 +120,30 @@ async def test_a_recording_that_cannot_be_written_stops_and_the_results_still_co
     path.write_text(kept)
     report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
     assert report.ok and report.batches == 1
+
+
+async def test_a_session_driven_by_invoke_replays_clean(tmp_path: Path) -> None:
+    """invoke counts every tool as loaded; its recording says so, and replay decides the same."""
+    path = tmp_path / "s.jsonl"
+
+    async def hidden(args: Any, ctx: Any) -> str:
+        return "found " + args["text"]
+
+    def registry() -> Any:
+        reg = fake_registry(Counter(), {})
+        reg.add(
+            Tool(
+                "hidden",
+                "A deferred tool.",
+                hidden,
+                {"type": "object", "properties": {"text": {"type": "string"}}},
+            )
+        )
+        return reg
+
+    d = Dispatcher(registry())
+    s = d.session("rec", mode="deferred", record=path)
+    result = await d.invoke("hidden", {"text": "hi"}, session=s)
+    assert result.content == "found hi"
+    report = await replay(path, Dispatcher(registry()))
+    assert report.ok and report.divergence is None and report.calls == 1
