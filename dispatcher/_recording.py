@@ -89,7 +89,7 @@ class Recorder:
             "meta": dict(meta or {}),
         }
         self._started = path.exists() and path.stat().st_size > 0
-        self.problem: OSError | None = None
+        self.problem: Exception | None = None
 
     def set_meta(self, **meta: Any) -> None:
         self._header["meta"].update(meta)  # type: ignore[attr-defined]
@@ -101,14 +101,18 @@ class Recorder:
         reach the caller, since its tools have run."""
         if self.problem is not None:
             return
-        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
-        if not self._started:
-            line = json.dumps(self._header, ensure_ascii=False) + "\n" + line
         try:
+            # ASCII with escapes: a lone surrogate in a call (a model's slip) is kept as
+            # "\ud800", readable back exactly, where raw it could not be written as UTF-8
+            line = json.dumps(record, ensure_ascii=True, default=str) + "\n"
+            if not self._started:
+                line = json.dumps(self._header, ensure_ascii=True, default=str) + "\n" + line
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(line)
                 f.flush()
-        except OSError as exc:
+        except (OSError, TypeError, ValueError, RecursionError) as exc:
+            # OSError: a full disk, a folder gone; the others: a call built in code with
+            # arguments JSON cannot hold (keys that are not text, a structure too deep)
             self.problem = exc
             log.error("recording to %s failed and stops here: %s", self.path, exc)
             return

@@ -10,7 +10,7 @@ import trio
 
 from dispatcher import Deny, Dispatcher, Status, Tool, ToolCall, replay
 
-from ._fakes import Counter, call, fake_registry
+from ._fakes import Counter, call, fake_registry, openai_call
 
 
 async def record_session(path: Path, counter: Counter, files: dict[str, str]) -> None:
@@ -147,3 +147,21 @@ async def test_a_session_driven_by_invoke_replays_clean(tmp_path: Path) -> None:
     assert result.content == "found hi"
     report = await replay(path, Dispatcher(registry()))
     assert report.ok and report.divergence is None and report.calls == 1
+
+
+async def test_calls_json_cannot_hold_as_is_never_cost_the_batch(tmp_path: Path) -> None:
+    """A lone surrogate in a call is recorded escaped and replays; arguments JSON cannot hold
+    at all (a key that is not text) end the recording, and the batch still answers."""
+    path = tmp_path / "s.jsonl"
+    d = Dispatcher(fake_registry(Counter(), {}))
+    s = d.session("rec", record=path)
+    odd = await s.dispatch(
+        [openai_call("1", "ec\ud800ho", {"text": "x"}), openai_call("2", "echo", '{"text": "\\ud800"}')]
+    )
+    assert [r.status for r in odd] == [Status.rejected, Status.invalid_arguments]
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.calls == 2
+    [r] = await s.dispatch([ToolCall("3", "echo", {(1, 2): "x"})])  # type: ignore[dict-item]
+    assert r.status is Status.invalid_arguments
+    assert isinstance(s.recorder.problem, TypeError)  # type: ignore[union-attr]
+    assert (await replay(path, Dispatcher(fake_registry(Counter(), {})))).calls == 2
