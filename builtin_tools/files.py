@@ -407,7 +407,17 @@ def glob_to_regex(pattern: str) -> re.Pattern[str]:
 
     `*` and `?` never cross a '/', `[...]` is a character class (`[!...]` negated),
     and a `**` segment matches any number of folders, none included. Names starting
-    with '.' match like any other. Raises ToolError for an absolute pattern or `..`.
+    with '.' match like any other. Raises ToolError for an absolute pattern, `..` or
+    a malformed class.
+
+    The regex matches in time polynomial in the path's length, whatever the pattern:
+    a plain translation (`*a*a*a*b` to `[^/]*a[^/]*a[^/]*a[^/]*b`) backtracks through
+    every way to split a name between the stars, exponential in their number, and
+    the regex engine holds the GIL (and so the event loop) meanwhile. Between two
+    stars, the text in between has a fixed length, so its leftmost occurrence is as
+    good as any later one: an atomic group `(?>[^/]*?text)` takes it and never comes
+    back. Only the last star of a name, which must reach the name's end, backtracks.
+    `**` segments work the same way over whole folders.
     """
     if not isinstance(pattern, str) or not pattern.strip():
         raise ToolError(f"a glob pattern must be a non-empty string, got {pattern!r}",
@@ -421,27 +431,43 @@ def glob_to_regex(pattern: str) -> re.Pattern[str]:
         raise ToolError(f"the pattern may not contain '..', got {pattern!r}", retryable=False)
     if not segments:
         raise ToolError(f"the pattern matches nothing, got {pattern!r}", retryable=False)
+    # `**/**` means what `**` means.
+    segments = [s for i, s in enumerate(segments) if not (s == "**" and segments[i - 1 : i] == ["**"])]
     out: list[str] = []
-    for i, segment in enumerate(segments):
+    i = 0
+    while i < len(segments):
+        segment = segments[i]
         last = i == len(segments) - 1
-        if segment == "**":
-            out.append(".*" if last else "(?:[^/]+/)*")
+        if segment != "**":
+            out.append(_translate_segment(segment) + ("" if last else "/"))
+        elif last:
+            out.append(".*")
+        elif "**" in segments[i + 1 :]:
+            # Folders up to the leftmost place where the segments before the next `**` match.
+            upto = segments.index("**", i + 1)
+            middle = "".join(_translate_segment(s) + "/" for s in segments[i + 1 : upto])
+            out.append(f"(?>(?:[^/]+/)*?{middle})")
+            i = upto
             continue
-        out.append(_translate_segment(segment))
-        if not last:
-            out.append("/")
-    return re.compile("".join(out), re.DOTALL)
+        else:
+            out.append("(?:[^/]+/)*")
+        i += 1
+    try:
+        return re.compile("".join(out), re.DOTALL)
+    except re.error as exc:
+        raise ToolError(f"not a valid glob pattern: {pattern!r} ({exc})", retryable=False) from exc
 
 
 def _translate_segment(segment: str) -> str:
-    out: list[str] = []
+    """A regex for one name; see glob_to_regex for why stars become atomic groups."""
+    chunks: list[list[str]] = [[]]  # the single-character matchers between stars
     i = 0
     while i < len(segment):
         ch = segment[i]
         if ch == "*":
-            out.append("[^/]*")
+            chunks.append([])
         elif ch == "?":
-            out.append("[^/]")
+            chunks[-1].append("[^/]")
         elif ch == "[":
             j = i + 1
             if segment[j : j + 1] == "!":
@@ -450,7 +476,7 @@ def _translate_segment(segment: str) -> str:
                 j += 1
             end = segment.find("]", j)
             if end == -1:
-                out.append(re.escape(ch))
+                chunks[-1].append(re.escape(ch))
             else:
                 body = segment[i + 1 : end]
                 negate = body.startswith("!")
@@ -458,12 +484,17 @@ def _translate_segment(segment: str) -> str:
                     body = body[1:]
                 # Escape all but '-' so ranges work and nothing reads as a nested set.
                 members = "".join(c if c == "-" else re.escape(c) for c in body)
-                out.append(f"[{'^' if negate else ''}{members}]")
+                # A negated class matches no '/' either: it stands for one character of a name.
+                chunks[-1].append(f"[^/{members}]" if negate else f"[{members}]")
                 i = end
         else:
-            out.append(re.escape(ch))
+            chunks[-1].append(re.escape(ch))
         i += 1
-    return "".join(out)
+    first, *between, final = ["".join(chunk) for chunk in chunks] + [""] * (len(chunks) == 1)
+    if len(chunks) == 1:
+        return first  # no star
+    middle = "".join(f"(?>[^/]*?{text})" for text in between if text)
+    return f"{first}{middle}[^/]*{final}"
 
 
 # -- schemas ---------------------------------------------------------------------

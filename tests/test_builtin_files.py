@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from builtin_tools import default_registry
 from builtin_tools._workspace import Workspace
@@ -194,11 +195,48 @@ def test_find_files_refuses_patterns_that_leave_the_folder(tools: FileTools) -> 
         ("[a-c]?.txt", "b1.txt", True),
         ("[]]x", "]x", True),
         ("a[", "a[", True),
+        ("x[!a]y", "x/y", False),
+        ("*a*b*c", "xaybzc", True),
+        ("*a*b*c", "xaybzcd", False),
+        ("*a*a*", "aa", True),
+        ("**/**/a.py", "a.py", True),
+        ("**/d/**/a.py", "d/a.py", True),
+        ("**/d/**/a.py", "x/d/y/d/z/a.py", True),
+        ("**/d/**/a.py", "x/y/a.py", False),
     ],
 )
 def test_glob_to_regex(pattern: str, path: str, matches: bool) -> None:
-    """Globs follow shell rules: `*`/`?` stay in a folder, `**` spans folders, classes work."""
+    """Globs follow shell rules: `*`/`?`/classes stay in a folder, `**` spans folders."""
     assert bool(glob_to_regex(pattern).fullmatch(path)) is matches
+
+
+@pytest.mark.parametrize(
+    ("pattern", "name"),
+    [
+        ("*a" * 11 + "b", "a" * 36),
+        ("*a" * 40 + "b", "a" * 250),
+        ("/".join(["**"] * 14) + "/zz", "a"),
+        ("**/a/" * 12 + "b", "/".join(["a"] * 60)),
+    ],
+)
+async def test_find_files_with_many_wildcards_answers_at_once(
+    ws: Path, tools: FileTools, pattern: str, name: str
+) -> None:
+    """Many `*` or `**` never make matching exponential (it would hold the event loop)."""
+    (ws / name).parent.mkdir(parents=True, exist_ok=True)
+    (ws / name).write_text("x")
+    with trio.fail_after(2):
+        out = await trio.to_thread.run_sync(
+            lambda: _call(tools, "find_files", pattern=pattern), abandon_on_cancel=True
+        )
+    assert out.startswith("no files match")
+
+
+def test_find_files_reports_a_malformed_class(tools: FileTools) -> None:
+    """A class like `[z-a]` is a ToolError naming the pattern, not a regex error."""
+    with pytest.raises(ToolError, match=r"not a valid glob pattern: '\[z-a\]\.txt'") as info:
+        _call(tools, "find_files", pattern="[z-a].txt")
+    assert info.value.retryable is False
 
 
 # -- edit_file, remove_file, restore_file -----------------------------------------------
