@@ -51,6 +51,7 @@ class _TextExtractor(HTMLParser):
         self._in_title = False
         self._pre_depth = 0
         self._links: list[tuple[str | None, int]] = []  # (href, index of the text start)
+        self._targets: dict[str, str] = {}  # href -> absolute URL: pages repeat their links
 
     # -- parser callbacks -------------------------------------------------------
 
@@ -78,6 +79,11 @@ class _TextExtractor(HTMLParser):
             self._newline(2)
             self._pre_depth += 1
         elif tag == "a":
+            # A link inside a link is not HTML: a browser ends the open one first. So do
+            # we, which also keeps each label joined once (nested ones were re-joined by
+            # every enclosing link, quadratic in the nesting depth).
+            while self._links:
+                self._close_link(*self._links.pop())
             href = dict(attrs).get("href")
             self._links.append((href, len(self._parts)))
         elif tag in _BLOCKS:
@@ -132,7 +138,10 @@ class _TextExtractor(HTMLParser):
         label = "".join(self._parts[start:]).strip()
         if not href or not label or href.startswith(("#", "javascript:", "mailto:")):
             return
-        target = urljoin(self.base_url, href) if self.base_url else href
+        target = self._targets.get(href)
+        if target is None:
+            target = urljoin(self.base_url, href) if self.base_url else href
+            self._targets[href] = target
         if not target.startswith(("http://", "https://")):
             return
         del self._parts[start:]

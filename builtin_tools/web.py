@@ -166,8 +166,11 @@ class WebTools:
         final_url = str(response.url)
         header = [f"URL: {final_url}"]
         if _is_html(content_type, text):
-            # Parsing megabytes of HTML takes a while: not on the trio thread.
-            title, text = await trio.to_thread.run_sync(html_to_text, text, final_url)
+            # Parsing megabytes of HTML takes a while: not on the trio thread. The parse is
+            # pure, so on a timeout the thread is left to finish and its answer dropped.
+            title, text = await trio.to_thread.run_sync(
+                html_to_text, text, final_url, abandon_on_cancel=True
+            )
             if title:
                 header.append(f"Title: {title}")
         if len(text) > self.max_page_chars:
