@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import ssl
+import zlib
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -327,7 +328,8 @@ class WebTools:
             follow_redirects=True,
             max_redirects=10,
             timeout=httpx.Timeout(self.request_timeout),
-            headers={"User-Agent": USER_AGENT},
+            # Only what _body_chunks can inflate in bounded steps.
+            headers={"User-Agent": USER_AGENT, "Accept-Encoding": "gzip, deflate"},
         ) as client:
             yield client
 
@@ -363,24 +365,114 @@ async def _network_errors(url: str) -> AsyncIterator[None]:
         raise ToolError(f"request to {url} failed: {type(exc).__name__}: {exc}") from exc
 
 
+_DECODED_CHUNK = 64 * 1024
+_ENCODINGS = ("gzip", "x-gzip", "deflate")
+
+
 @asynccontextmanager
 async def _body_chunks(response: httpx.Response) -> AsyncIterator[AsyncIterator[bytes]]:
-    """The (decoded) body's chunks, safe to leave early.
+    """The (decoded) body's chunks, each at most 64 KiB, safe to leave early.
+
+    The body is read raw and decoded here, not by httpx: httpx inflates each network
+    chunk in full (and each stacked encoding in turn), so a few hundred bytes of
+    `gzip, gzip` become hundreds of megabytes in memory before a byte limit can act.
+    Here one step never yields more than 64 KiB, and a reader that stops at its
+    limit stops the inflating too. A single gzip or deflate encoding is supported
+    (what the client asks for); stacked or other encodings are a ToolError.
 
     httpx reads a body through a chain of async generators, and closing the outer one
     leaves the inner ones half-run for the garbage collector (httpx issue #3686). So on
     the way out the response is closed and the chain driven to its end: the next read
     fails inside the innermost generator, and the failure finishes every one of them.
     """
-    chunks = response.aiter_bytes()
+    decoder = _BodyDecoder(response.headers.get("content-encoding", ""), str(response.url))
+    raw = response.aiter_raw()
     try:
-        yield chunks
+        yield _DecodedBody(raw, decoder)
     finally:
         with trio.CancelScope(shield=True, deadline=trio.current_time() + 1):
             await response.aclose()
             with contextlib.suppress(Exception):
-                async for _ in chunks:
+                async for _ in raw:
                     pass
+
+
+class _BodyDecoder:
+    """Inflates one content encoding in steps of bounded output."""
+
+    def __init__(self, header: str, url: str) -> None:
+        codings = [c.strip().lower() for c in header.split(",")]
+        codings = [c for c in codings if c and c != "identity"]
+        if len(codings) > 1:
+            raise ToolError(
+                f"{url} sent a body with stacked content encodings {header!r}; only a single "
+                "gzip or deflate encoding is supported",
+                retryable=False,
+            )
+        if codings and codings[0] not in _ENCODINGS:
+            raise ToolError(
+                f"{url} sent a body with content encoding {header!r}, which this tool cannot "
+                "decode (only gzip and deflate)",
+                retryable=False,
+            )
+        self.url = url
+        self.coding = codings[0] if codings else "identity"
+        self._inflater: Any = None
+        if self.coding != "identity":
+            gzip_framed = self.coding in ("gzip", "x-gzip")
+            self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if gzip_framed else zlib.MAX_WBITS)
+        self._pending = b""
+        self._started = False
+
+    def push(self, data: bytes) -> None:
+        if self._inflater is not None and self._inflater.eof:
+            return  # anything after the end of the stream is ignored, as httpx does
+        self._pending += data
+
+    def take(self) -> bytes:
+        """The next at most 64 KiB of decoded body; b"" when more input is needed."""
+        if self._inflater is None:
+            head, self._pending = self._pending[:_DECODED_CHUNK], self._pending[_DECODED_CHUNK:]
+            return head
+        if self._inflater.eof:
+            return b""
+        try:
+            piece: bytes = self._inflater.decompress(self._pending, _DECODED_CHUNK)
+        except zlib.error as exc:
+            if self.coding == "deflate" and not self._started:
+                # Servers send "deflate" both with and without the zlib header.
+                self._inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+                return self.take()
+            raise ToolError(
+                f"{self.url} sent a body that is not valid {self.coding} ({exc})", retryable=False
+            ) from exc
+        self._started = self._started or bool(self._pending)
+        self._pending = self._inflater.unconsumed_tail
+        return piece
+
+
+class _DecodedBody:
+    """An async iterator of decoded chunks, read from `raw` only as they are wanted."""
+
+    def __init__(self, raw: AsyncIterator[bytes], decoder: _BodyDecoder) -> None:
+        self._raw = raw
+        self._decoder = decoder
+        self._ended = False
+
+    def __aiter__(self) -> _DecodedBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while True:
+            piece = self._decoder.take()
+            if piece:
+                return piece
+            if self._ended:
+                raise StopAsyncIteration
+            try:
+                self._decoder.push(await self._raw.__anext__())
+            except StopAsyncIteration:
+                self._ended = True
 
 
 async def _read_bounded(response: httpx.Response, limit: int) -> tuple[bytes, bool]:

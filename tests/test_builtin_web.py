@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import gzip
 import json
 import os
+import struct
 import threading
 import time
+import tracemalloc
+import zlib
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,6 +35,21 @@ PAGE = b"""<!doctype html>
 with <a href="/next">a link</a> and <b>bold</b> text.</p>
 <ul><li>one</li><li>two</li></ul><pre>  keep   spacing</pre></body></html>"""
 FILE_BYTES = bytes(range(256)) * 64  # 16 KiB
+_MIB = 1024 * 1024
+
+
+@functools.cache
+def _gzip_of_zeros(mib: int) -> bytes:
+    """A gzip stream of `mib` MiB of zero bytes, built without compressing them all: after
+    a full flush the compressor starts afresh, so each MiB compresses to the same block."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    block = compressor.compress(bytes(_MIB)) + compressor.flush(zlib.Z_FULL_FLUSH)
+    crc = 0
+    for _ in range(mib):
+        crc = zlib.crc32(bytes(_MIB), crc)
+    trailer = struct.pack("<II", crc, (mib * _MIB) & 0xFFFFFFFF)
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
+    return header + block * mib + compressor.flush() + trailer
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -68,6 +88,19 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, b"\x89PNG\r\n\x1a\n\x00\x00", "image/png")
         elif path == "/file.bin":
             self._send(200, FILE_BYTES, "application/octet-stream")
+        elif path == "/gzip":
+            self._send(200, gzip.compress(b"small text"), "text/plain", Content_Encoding="gzip")
+        elif path == "/deflate-raw":
+            raw = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+            body = raw.compress(b"raw deflate") + raw.flush()
+            self._send(200, body, "text/plain", Content_Encoding="deflate")
+        elif path == "/bomb":
+            self._send(200, _gzip_of_zeros(1024), "text/plain", Content_Encoding="gzip")
+        elif path == "/bomb-stacked":
+            body = gzip.compress(_gzip_of_zeros(64))
+            self._send(200, body, "text/plain", Content_Encoding="gzip, gzip")
+        elif path == "/brotli":
+            self._send(200, b"\x0b\x02\x80hello\x03", "text/plain", Content_Encoding="br")
         elif path.startswith("/status/"):
             code = int(path.rsplit("/", 1)[1])
             self._send(code, f"problem {code}".encode(), "text/plain")
@@ -321,6 +354,42 @@ async def test_http_request_reports_redirects(web: WebTools, server: str) -> Non
     """A followed redirect is mentioned with the final URL."""
     out = await _call(web, "http_request", url=f"{server}/redirect")
     assert f"(after 1 redirect(s), from {server}/page)" in out
+
+
+async def test_compressed_bodies_are_decoded(web: WebTools, server: str) -> None:
+    """gzip and deflate (with or without the zlib header) bodies arrive decoded."""
+    assert (await _call(web, "fetch_page", url=f"{server}/gzip")).endswith("\n\nsmall text")
+    assert (await _call(web, "fetch_page", url=f"{server}/deflate-raw")).endswith("\n\nraw deflate")
+
+
+async def test_a_decompression_bomb_is_cut_at_the_limit_in_small_memory(
+    web: WebTools, server: str
+) -> None:
+    """A gzip body that inflates to 1 GiB is read up to the byte limit only, and never
+    held in memory beyond it."""
+    assert len(_gzip_of_zeros(1024)) < 2 * _MIB  # built before memory is measured
+    tracemalloc.start()
+    try:
+        with trio.fail_after(10):
+            out = await _call(web, "http_request", url=f"{server}/bomb")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out.endswith(f"[body cut at {web.max_response_bytes} bytes]")
+    assert peak < 32 * _MIB
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [("/bomb-stacked", "stacked content encodings 'gzip, gzip'"), ("/brotli", "encoding 'br'")],
+)
+async def test_stacked_or_unknown_encodings_are_refused(
+    web: WebTools, server: str, path: str, message: str
+) -> None:
+    """A body in stacked or unsupported encodings is a clear error, not decoded."""
+    with pytest.raises(ToolError, match=message) as info:
+        await _call(web, "fetch_page", url=f"{server}{path}")
+    assert info.value.retryable is False
 
 
 # -- download_file ----------------------------------------------------------------------------
