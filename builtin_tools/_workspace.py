@@ -391,8 +391,12 @@ def _atomic_write(target: Path, content: bytes) -> None:
 
 
 def staging_path(target: Path) -> Path:
-    """A fresh hidden name beside `target` to write into before moving it in place."""
-    return target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.partial")
+    """A fresh hidden name beside `target` to write into before moving it in place.
+
+    Short whatever `target` is called: a name near the 255-byte limit has no room
+    for a prefix and a suffix, and a long-named file could not be edited or restored.
+    """
+    return target.with_name(f".tp-{uuid.uuid4().hex[:16]}.partial")
 
 
 def unique(items: Iterable[str]) -> list[str]:

@@ -341,6 +341,22 @@ def test_remove_then_restore_brings_the_file_back(ws: Path, tools: FileTools) ->
     assert (ws / "data.bin").read_bytes() == data
 
 
+def test_files_with_names_near_the_length_limit_can_be_edited_and_restored(
+    ws: Path, tools: FileTools
+) -> None:
+    """A 240-character name leaves no room for a long temporary name: edit, remove and
+    restore still work."""
+    name = "n" * 236 + ".txt"
+    (ws / name).write_text("one\n")
+    _call(tools, "edit_file", path=name, old_string="one", new_string="two")
+    _call(tools, "remove_file", path=name)
+    _call(tools, "restore_file", path=name)
+    assert (ws / name).read_text() == "two\n"
+    _call(tools, "restore_file", path=name)
+    assert (ws / name).read_text() == "one\n"
+    assert os.listdir(ws) == [name]
+
+
 def test_restore_refuses_after_a_change_by_other_means(ws: Path, tools: FileTools) -> None:
     """A file changed outside the tools since its last edit is not silently overwritten."""
     (ws / "f.txt").write_text("a")
