@@ -64,6 +64,7 @@ class _Revision:
 
     change: Change
     previous: bytes | None  # None: the file did not exist before the change
+    previous_mode: int | None  # its permission bits (st_mode & 0o7777), put back with it
     after_digest: str | None  # digest of what the change left; None: it removed the file
 
 
@@ -178,10 +179,12 @@ class Workspace:
         self.check_writable(target)
         with self.lock:
             previous = self._read_for_backup(target)
+            mode = _mode(target)
             _atomic_write(target, content)
             return self._record(
-                target, previous, content_digest(content), len(content), action, session_id, call_id
-            )
+                target, previous, mode, content_digest(content), len(content), action,
+                session_id, call_id,
+            )  # fmt: skip
 
     def install(
         self,
@@ -200,11 +203,14 @@ class Workspace:
             try:
                 self.check_writable(target)
                 previous = self._read_for_backup(target)
+                mode = _mode(target)
                 os.replace(staged, target)
             except BaseException:
                 staged.unlink(missing_ok=True)
                 raise
-            return self._record(target, previous, digest, size, action, session_id, call_id)
+            return self._record(
+                target, previous, mode, digest, size, action, session_id, call_id
+            )
 
     def remove(
         self, target: Path, *, session_id: str | None = None, call_id: str | None = None
@@ -215,8 +221,11 @@ class Workspace:
             previous = self._read_for_backup(target)
             if previous is None:
                 raise ToolError(f"no such file: {self.relative(target)!r}", retryable=False)
+            mode = _mode(target)
             target.unlink()
-            return self._record(target, previous, None, None, "remove", session_id, call_id)
+            return self._record(
+                target, previous, mode, None, None, "remove", session_id, call_id
+            )
 
     def restore(
         self, target: Path, *, session_id: str | None = None, call_id: str | None = None
@@ -251,6 +260,8 @@ class Workspace:
                 target.unlink(missing_ok=True)
             else:
                 _atomic_write(target, revision.previous)
+                if revision.previous_mode is not None:
+                    os.chmod(target, revision.previous_mode)
                 self._backup_bytes -= len(revision.previous)
             stack.pop()
             if not stack:
@@ -302,6 +313,7 @@ class Workspace:
         self,
         target: Path,
         previous: bytes | None,
+        previous_mode: int | None,
         after_digest: str | None,
         size_after: int | None,
         action: ChangeAction,
@@ -311,7 +323,7 @@ class Workspace:
         size_before = None if previous is None else len(previous)
         change = self._log_change(target, action, size_before, size_after, session_id, call_id)
         stack = self._revisions.setdefault(target, [])
-        stack.append(_Revision(change, previous, after_digest))
+        stack.append(_Revision(change, previous, previous_mode, after_digest))
         if previous is not None:
             self._backup_bytes += len(previous)
         while len(stack) > self.max_revisions_per_file:
@@ -362,6 +374,14 @@ class Workspace:
         """Bytes of earlier versions held in memory."""
         with self.lock:
             return self._backup_bytes
+
+
+def _mode(target: Path) -> int | None:
+    """The permission bits of the file at `target`; None if there is none."""
+    try:
+        return target.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        return None
 
 
 def _read_current(target: Path) -> bytes | None:

@@ -341,6 +341,15 @@ def test_remove_then_restore_brings_the_file_back(ws: Path, tools: FileTools) ->
     assert (ws / "data.bin").read_bytes() == data
 
 
+def test_restore_puts_back_the_file_mode(ws: Path, tools: FileTools) -> None:
+    """A removed executable comes back executable, with its exact permission bits."""
+    (ws / "run.sh").write_text("#!/bin/sh\n")
+    (ws / "run.sh").chmod(0o751)
+    _call(tools, "remove_file", path="run.sh")
+    _call(tools, "restore_file", path="run.sh")
+    assert stat.S_IMODE((ws / "run.sh").stat().st_mode) == 0o751
+
+
 def test_files_with_names_near_the_length_limit_can_be_edited_and_restored(
     ws: Path, tools: FileTools
 ) -> None:
