@@ -262,8 +262,7 @@ class FileTools:
         path: str = args["path"]
         target = self.ws.resolve(path)
         self.ws.check_writable(target)
-        lexical = Path(path) if os.path.isabs(path) else self.ws.root / path
-        if lexical.is_symlink():
+        if _names_a_symlink(path if os.path.isabs(path) else os.path.join(self.ws.root, path)):
             raise ToolError(
                 f"{path!r} is a symbolic link; remove_file removes regular files only",
                 retryable=False,
@@ -310,6 +309,18 @@ class FileTools:
 def _who(ctx: ToolContext) -> dict[str, str | None]:
     session_id = getattr(ctx.session, "id", None)
     return {"session_id": None if session_id is None else str(session_id), "call_id": ctx.call_id}
+
+
+def _names_a_symlink(path: str) -> bool:
+    """Whether the last component of `path` is a symbolic link, with the folders before
+    it resolved the way `Workspace.resolve` resolves them: `nosuchdir/../link` and
+    `link/` name the link too (checked as written, they would not)."""
+    path = path.rstrip("/") or "/"
+    folder, name = os.path.split(path)
+    if name in ("", ".", ".."):
+        return False  # a folder, which remove_file refuses anyway
+    last = os.path.join(os.path.realpath(folder), name)
+    return os.path.islink(last)
 
 
 def _read_window(target: Path, offset: int, limit: int) -> str:

@@ -390,6 +390,20 @@ def test_remove_file_refuses_symlinks_folders_and_missing_files(ws: Path, tools:
     assert (ws / "target.txt").exists() and (ws / "link.txt").is_symlink()
 
 
+@pytest.mark.parametrize("path", ["nosuchdir/../link.txt", "dir/../link.txt", "./link.txt", "link.txt/"])
+def test_remove_file_refuses_a_symlink_however_it_is_named(
+    ws: Path, tools: FileTools, path: str
+) -> None:
+    """A path that reaches a symlink through `..`, `.` or a trailing '/' is still refused,
+    and the link's target is left alone."""
+    (ws / "target.txt").write_text("t")
+    (ws / "link.txt").symlink_to("target.txt")
+    (ws / "dir").mkdir()
+    with pytest.raises(ToolError, match="symbolic link"):
+        _call(tools, "remove_file", path=path)
+    assert (ws / "target.txt").read_text() == "t" and (ws / "link.txt").is_symlink()
+
+
 @pytest.mark.parametrize(
     "path", [".git/config", ".git/hooks/post-index-change", "sub/.git/config", ".GIT/config",
              "gitdir/config", ".git", "a/../.git/config"],
