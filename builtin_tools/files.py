@@ -15,7 +15,7 @@ import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from dispatcher._exceptions import ToolError
 from dispatcher._registry import Tool
@@ -345,13 +345,20 @@ def _read_window(target: Path, offset: int, limit: int) -> str:
     out: list[str] = []
     more = False
     with open(target, encoding="utf-8", errors="replace", newline="") as text:
-        for number, line in enumerate(text, start=1):
+        number = 0
+        # Lines are read in bounded pieces: a file of one 300 MB line must not be read
+        # into memory whole to show its first characters.
+        while piece := text.readline(_MAX_LINE_CHARS + 1):
+            number += 1
+            long_line = not piece.endswith(("\n", "\r"))
+            if long_line:
+                _skip_rest_of_line(text)
             if number < offset:
                 continue
             if len(out) == limit:
                 more = True
                 break
-            line = line.rstrip("\r\n")
+            line = piece.rstrip("\r\n")
             if len(line) > _MAX_LINE_CHARS:
                 line = line[:_MAX_LINE_CHARS] + f" [line cut at {_MAX_LINE_CHARS} characters]"
             out.append(f"{number:6}\t{line}")
@@ -360,6 +367,11 @@ def _read_window(target: Path, offset: int, limit: int) -> str:
     if more:
         out.append(f"[more lines follow: read again with offset={offset + limit}]")
     return "\n".join(out)
+
+
+def _skip_rest_of_line(text: TextIO) -> None:
+    while (rest := text.readline(65536)) and not rest.endswith(("\n", "\r")):
+        pass
 
 
 def _read_text_for_edit(target: Path, rel: str, max_bytes: int) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,25 @@ def test_read_files_cuts_very_long_lines(ws: Path, tools: FileTools) -> None:
     out = _call(tools, "read_files", paths=["long.txt"])
     assert "x" * 2000 + " [line cut at 2000 characters]" in out
     assert "x" * 2001 not in out
+
+
+def test_read_files_reads_a_huge_line_in_small_memory(ws: Path, tools: FileTools) -> None:
+    """A file of one 8 MB line is shown cut, without reading the line into memory whole;
+    the lines after it keep their numbers."""
+    with open(ws / "one.txt", "w") as f:
+        for _ in range(8):
+            f.write("y" * 1_000_000)
+        f.write("\nsecond\r\nthird")
+    tracemalloc.start()
+    try:
+        out = _call(tools, "read_files", paths=["one.txt"])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000
+    assert out.splitlines()[1:] == [
+        "     1\t" + "y" * 2000 + " [line cut at 2000 characters]", "     2\tsecond", "     3\tthird",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("path", ["../outside.txt", "/etc/passwd", "sub/../../outside.txt"])
