@@ -866,6 +866,17 @@ async def test_shared_cache_serves_other_sessions_and_credentials_are_never_stor
     assert not forced.cached and len(runs) == 4 and store.statistics().writes == 2
 
 
+def _cached_fetch(runs: list[str]) -> Registry:
+    """`fetch(url)`, concurrent and cached (shared scope), noting each URL it really fetches."""
+
+    async def fetch(args: Mapping[str, Any], ctx: Any) -> str:
+        runs.append(args["url"])
+        return "page " + args["url"]
+
+    schema = {"type": "object", "properties": {"url": {"type": "string"}}}
+    return Registry([Tool("fetch", "f", fetch, schema, concurrent=True, deferred=False, cache=CachePolicy())])
+
+
 class CountingCache(MemoryResultCache):
     """A memory store that counts how pass 1 asks it."""
 
@@ -891,13 +902,7 @@ class CountingCache(MemoryResultCache):
 async def test_a_batch_asks_the_result_cache_once() -> None:
     """Pass 1 asks the store for every distinct, unforced, unremembered key of a batch in one get_many."""
     runs: list[str] = []
-
-    async def fetch(args: Mapping[str, Any], ctx: Any) -> str:
-        runs.append(args["url"])
-        return "page " + args["url"]
-
-    schema = {"type": "object", "properties": {"url": {"type": "string"}}}
-    reg = Registry([Tool("fetch", "f", fetch, schema, concurrent=True, deferred=False, cache=CachePolicy())])
+    reg = _cached_fetch(runs)
     store = CountingCache()
     d = Dispatcher(reg, cache=store)
     urls = ["https://a/", "https://b/", "https://a/", "https://c/"]
@@ -929,13 +934,7 @@ class BrokenStore(MemoryResultCache):
 async def test_a_store_that_fails_lookups_is_a_miss(caplog: pytest.LogCaptureFixture) -> None:
     """A result cache that raises on lookup costs the batch nothing: every call runs, with a warning."""
     runs: list[str] = []
-
-    async def fetch(args: Mapping[str, Any], ctx: Any) -> str:
-        runs.append(args["url"])
-        return "page " + args["url"]
-
-    schema = {"type": "object", "properties": {"url": {"type": "string"}}}
-    reg = Registry([Tool("fetch", "f", fetch, schema, concurrent=True, deferred=False, cache=CachePolicy())])
+    reg = _cached_fetch(runs)
     s = Dispatcher(reg, cache=BrokenStore()).session("s")
     results = await s.dispatch([ToolCall(f"{i}", "fetch", {"url": u}) for i, u in enumerate(["a", "b"])])
     assert [r.content for r in results] == ["page a", "page b"] and runs == ["a", "b"]
@@ -1352,11 +1351,7 @@ async def test_a_result_cache_that_returns_junk_is_a_miss(caplog: pytest.LogCapt
         def get_many(self, keys: Any) -> Any:
             return {k: "junk" for k in keys}
 
-    async def fetch(args: Mapping[str, Any], ctx: Any) -> str:
-        return "page " + args["url"]
-
-    schema = {"type": "object", "properties": {"url": {"type": "string"}}}
-    reg = Registry([Tool("fetch", "f", fetch, schema, deferred=False, cache=CachePolicy())])
+    reg = _cached_fetch([])
     s = Dispatcher(reg, cache=JunkStore()).session("s")
     [r] = await s.dispatch([ToolCall("1", "fetch", {"url": "a"})])
     assert r.content == "page a" and not r.cached
