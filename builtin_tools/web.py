@@ -10,6 +10,7 @@ passes may be imported here.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import os
@@ -163,9 +164,11 @@ class WebTools:
                 f"{len(data)}{'+' if cut else ''} bytes); use download_file to save it",
                 retryable=False,
             )
-        text = data.decode(response.encoding or "utf-8", errors="replace")
+        text, charset_note = _decode_text(response, data)
         final_url = str(response.url)
         header = [f"URL: {final_url}"]
+        if charset_note:
+            header.append(charset_note)
         if _is_html(content_type, text):
             # Parsing megabytes of HTML takes a while: not on the trio thread. The parse is
             # pure, so on a timeout the thread is left to finish and its answer dropped.
@@ -251,7 +254,9 @@ class WebTools:
         if method == "HEAD" or not data:
             return "\n".join(lines)
         if _is_text(content_type, data):
-            text = data.decode(response.encoding or "utf-8", errors="replace")
+            text, charset_note = _decode_text(response, data)
+            if charset_note:
+                lines.append(charset_note)
             if cut:
                 text += f"\n[body cut at {self.max_response_bytes} bytes]"
         else:
@@ -521,6 +526,27 @@ def _is_text(content_type: str, data: bytes) -> bool:
         "application/x-yaml",
         "application/toml",
     }
+
+
+def _decode_text(response: httpx.Response, data: bytes) -> tuple[str, str]:
+    """The body as text, and a note when its declared charset could not be used.
+
+    A charset naming no codec, or a codec that is not a text encoding (`base64`,
+    `zlib`: `bytes.decode` refuses those with a LookupError), is a server's mistake,
+    not a reason to hide the page: it is read as UTF-8 instead, and the note says so.
+    """
+    declared = response.charset_encoding
+    if declared is not None and not _is_text_codec(declared):
+        note = f"Charset: {declared!r} is not a text encoding; shown as UTF-8"
+        return data.decode("utf-8", errors="replace"), note
+    return data.decode(response.encoding or "utf-8", errors="replace"), ""
+
+
+def _is_text_codec(name: str) -> bool:
+    try:
+        return codecs.lookup(name)._is_text_encoding
+    except LookupError:
+        return False
 
 
 def _is_html(content_type: str, text: str) -> bool:

@@ -88,6 +88,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, b"\x89PNG\r\n\x1a\n\x00\x00", "image/png")
         elif path == "/file.bin":
             self._send(200, FILE_BYTES, "application/octet-stream")
+        elif path == "/charset-base64":
+            body = "<p>h\u00e9llo</p>".encode()
+            self._send(200, body, "text/html; charset=base64")
         elif path == "/gzip":
             self._send(200, gzip.compress(b"small text"), "text/plain", Content_Encoding="gzip")
         elif path == "/deflate-raw":
@@ -354,6 +357,20 @@ async def test_http_request_reports_redirects(web: WebTools, server: str) -> Non
     """A followed redirect is mentioned with the final URL."""
     out = await _call(web, "http_request", url=f"{server}/redirect")
     assert f"(after 1 redirect(s), from {server}/page)" in out
+
+
+async def test_a_charset_that_is_not_a_text_encoding_is_read_as_utf8(
+    web: WebTools, server: str
+) -> None:
+    """A page declaring charset=base64 (a codec, not a text encoding) is still shown,
+    decoded as UTF-8, with a note naming the charset."""
+    note = "Charset: 'base64' is not a text encoding; shown as UTF-8"
+    page = await _call(web, "fetch_page", url=f"{server}/charset-base64")
+    assert page == f"URL: {server}/charset-base64\n{note}\n\nh\u00e9llo"
+    out = await _call(web, "http_request", url=f"{server}/charset-base64")
+    head, _, body = out.partition("\n\n")
+    assert head.endswith(f"\n{note}")
+    assert body == "<p>h\u00e9llo</p>"
 
 
 async def test_compressed_bodies_are_decoded(web: WebTools, server: str) -> None:
