@@ -14,6 +14,7 @@ import codecs
 import contextlib
 import json
 import os
+import re
 import ssl
 import zlib
 from collections.abc import AsyncIterator, Mapping
@@ -229,7 +230,7 @@ class WebTools:
     async def http_request(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
         method = str(args.get("method") or "GET").upper()
         url = _checked_url(args["url"])
-        headers = {str(k): str(v) for k, v in (args.get("headers") or {}).items()}
+        headers = _checked_headers(args.get("headers") or {})
         params = {str(k): _param(v) for k, v in (args.get("params") or {}).items()}
         body = args.get("body")
         send: dict[str, Any] = {}
@@ -352,7 +353,37 @@ def _checked_url(url: object) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ToolError(f"only http and https URLs with a host are allowed, got {url!r}",
                         retryable=False)
+    try:
+        # What the resolver will do with the name: an empty label or one over 63
+        # characters fails here, not as a UnicodeError deep inside the connect.
+        parsed.raw_host.decode("ascii").encode("idna")
+    except UnicodeError as exc:
+        raise ToolError(f"not a valid host name: {parsed.host!r} in {url!r} ({exc})",
+                        retryable=False) from exc
     return url
+
+
+# RFC 9110: a field name is a token; a value is visible ASCII, spaces and tabs. httpx
+# refuses other characters with a bare UnicodeEncodeError, h11 with an error naming
+# neither the header nor the cause, and a line break would split the request.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
+
+
+def _checked_headers(headers: Mapping[Any, Any]) -> dict[str, str]:
+    checked: dict[str, str] = {}
+    for name, value in headers.items():
+        name, value = str(name), str(value)
+        if not _HEADER_NAME.fullmatch(name):
+            raise ToolError(f"not a valid header name: {name!r}", retryable=False)
+        if not _HEADER_VALUE.fullmatch(value):
+            raise ToolError(
+                f"the value of header {name!r} can hold only printable ASCII, spaces and "
+                f"tabs (no line breaks), got {value!r}",
+                retryable=False,
+            )
+        checked[name] = value
+    return checked
 
 
 @asynccontextmanager
@@ -368,6 +399,13 @@ async def _network_errors(url: str) -> AsyncIterator[None]:
         raise ToolError(f"unsupported protocol for {url}: {exc}", retryable=False) from exc
     except httpx.HTTPError as exc:
         raise ToolError(f"request to {url} failed: {type(exc).__name__}: {exc}") from exc
+    except UnicodeError as exc:
+        # The resolver's IDNA step refusing a host name, as on a redirect to a host
+        # with a label over 63 characters: retrying changes nothing.
+        raise ToolError(
+            f"request to {url} failed: a host name could not be looked up ({exc})",
+            retryable=False,
+        ) from exc
 
 
 _DECODED_CHUNK = 64 * 1024

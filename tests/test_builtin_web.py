@@ -6,6 +6,7 @@ import functools
 import gzip
 import json
 import os
+import re
 import struct
 import threading
 import time
@@ -35,6 +36,7 @@ PAGE = b"""<!doctype html>
 with <a href="/next">a link</a> and <b>bold</b> text.</p>
 <ul><li>one</li><li>two</li></ul><pre>  keep   spacing</pre></body></html>"""
 FILE_BYTES = bytes(range(256)) * 64  # 16 KiB
+LONG_HOST = "a" * 300 + ".com"  # one label over DNS's 63 characters
 _MIB = 1024 * 1024
 
 
@@ -80,6 +82,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, b"just text\n  indented", "text/plain")
         elif path == "/redirect":
             self._send(302, b"", "text/plain", Location="/page")
+        elif path == "/redirect-bad-host":
+            self._send(302, b"", "text/plain", Location=f"http://{LONG_HOST}/")
         elif path == "/loop":
             self._send(302, b"", "text/plain", Location="/loop")
         elif path == "/big":
@@ -247,6 +251,23 @@ async def test_only_http_and_https_urls(web: WebTools, url: str) -> None:
     assert repr(url) in info.value.message
 
 
+async def test_an_invalid_host_name_is_refused_by_name(web: WebTools) -> None:
+    """A host with a label over 63 characters is a non-retryable error naming the host."""
+    with pytest.raises(ToolError, match="not a valid host name") as info:
+        await _call(web, "fetch_page", url=f"http://{LONG_HOST}/")
+    assert info.value.retryable is False
+    assert repr(LONG_HOST) in info.value.message
+
+
+async def test_a_redirect_to_an_invalid_host_name_is_not_retryable(
+    web: WebTools, server: str
+) -> None:
+    """A redirect to a host name the resolver refuses fails for good, with a clear cause."""
+    with pytest.raises(ToolError, match="a host name could not be looked up") as info:
+        await _call(web, "fetch_page", url=f"{server}/redirect-bad-host")
+    assert info.value.retryable is False
+
+
 async def test_redirect_loops_stop(web: WebTools, server: str) -> None:
     """A redirect loop ends in a non-retryable error."""
     with pytest.raises(ToolError, match="too many redirects") as info:
@@ -328,6 +349,33 @@ async def test_http_request_sends_method_headers_params_and_json(web: WebTools, 
     assert echo["headers"]["x-test"] == "yes"
     assert echo["headers"]["content-type"] == "application/json"
     assert json.loads(echo["body"]) == {"k": [1, 2]}
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        ({"X-Name": "\u00e9"}, "the value of header 'X-Name' can hold only printable ASCII"),
+        ({"X-Name": "a\r\nInjected: 1"}, "the value of header 'X-Name' can hold only"),
+        ({"X-Name": "\x00"}, "the value of header 'X-Name' can hold only"),
+        ({"": "a"}, "not a valid header name: ''"),
+        ({"X Name": "a"}, "not a valid header name: 'X Name'"),
+    ],
+)
+async def test_http_request_refuses_headers_that_cannot_be_sent(
+    web: WebTools, server: str, headers: dict[str, str], message: str
+) -> None:
+    """A header name or value HTTP cannot carry is a non-retryable error naming the header."""
+    with pytest.raises(ToolError, match=re.escape(message)) as info:
+        await _call(web, "http_request", url=f"{server}/echo", headers=headers)
+    assert info.value.retryable is False
+
+
+async def test_http_request_sends_tabs_and_spaces_in_header_values(
+    web: WebTools, server: str
+) -> None:
+    """Inner spaces and tabs are legal in a header value and go out unchanged."""
+    out = await _call(web, "http_request", url=f"{server}/echo", headers={"X-Name": "a b\tc"})
+    assert json.loads(out.partition("\n\n")[2])["headers"]["x-name"] == "a b\tc"
 
 
 async def test_http_request_string_body_and_head(web: WebTools, server: str) -> None:
