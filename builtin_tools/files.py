@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -135,19 +136,32 @@ class FileTools:
         paths: list[str] = unique(args["paths"])
         offset = int(args.get("offset") or 1)
         limit = int(args.get("limit") or _DEFAULT_LIMIT)
-        targets = [self.ws.resolve(p) for p in paths]  # any escape fails the whole call
+        # A path that leads outside (or names nothing valid) is one more per-file
+        # error: the files that can be read are still shown.
+        entries: list[tuple[str, Path | ToolError]] = []
+        for path in paths:
+            try:
+                target = self.ws.resolve(path)
+            except ToolError as exc:
+                entries.append((path, exc))
+            else:
+                entries.append((self.ws.relative(target), target))
         sections: list[str] = []
         failures = 0
         used = 0
-        for index, target in enumerate(targets):
-            try:
-                body = _read_window(target, offset, limit)
-            except ToolError as exc:
+        for index, (name, entry) in enumerate(entries):
+            body = ""
+            if isinstance(entry, Path):
+                try:
+                    body = _read_window(entry, offset, limit)
+                except ToolError as exc:
+                    entry = exc
+            if isinstance(entry, ToolError):
                 failures += 1
-                body = f"error: {exc.message}"
-            section = f"==> {self.ws.relative(target)} <==\n{body}"
+                body = f"error: {entry.message}"
+            section = f"==> {name} <==\n{body}"
             if used + len(section) > _MAX_OUTPUT_CHARS:
-                rest = ", ".join(self.ws.relative(t) for t in targets[index:])
+                rest = ", ".join(name for name, _ in entries[index:])
                 sections.append(
                     f"[output cut at {_MAX_OUTPUT_CHARS} characters; not shown: {rest}. "
                     "Read fewer files, or use offset and limit]"
@@ -155,7 +169,7 @@ class FileTools:
                 break
             used += len(section)
             sections.append(section)
-        if failures == len(targets):
+        if failures == len(entries):
             raise ToolError("\n".join(sections), retryable=False)
         return "\n\n".join(sections)
 
@@ -325,12 +339,15 @@ def _names_a_symlink(path: str) -> bool:
 
 def _read_window(target: Path, offset: int, limit: int) -> str:
     """Lines `offset` .. `offset + limit - 1` of a text file, numbered like `cat -n`."""
-    if target.is_dir():
-        raise ToolError("is a folder; list it with find_files", retryable=False)
-    if target.exists() and not target.is_file():
-        # Opening a FIFO would wait for a writer forever.
-        raise ToolError("not a regular file (a pipe, socket or device)", retryable=False)
     try:
+        # One stat, whose errors (a name too long, a loop, no permission) are reported
+        # as this file's: Path.is_dir and Path.exists raise some of them on their own.
+        mode = target.stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise ToolError("is a folder; list it with find_files", retryable=False)
+        if not stat.S_ISREG(mode):
+            # Opening a FIFO would wait for a writer forever.
+            raise ToolError("not a regular file (a pipe, socket or device)", retryable=False)
         with open(target, "rb") as raw:
             head = raw.read(_BINARY_SNIFF_BYTES)
         size = target.stat().st_size

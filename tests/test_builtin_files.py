@@ -70,6 +70,22 @@ def test_read_files_reports_missing_file_inline(ws: Path, tools: FileTools) -> N
     assert "==> nope.txt <==\nerror: no such file" in out
 
 
+def test_read_files_reports_unresolvable_paths_inline(ws: Path, tools: FileTools) -> None:
+    """A path outside the workspace or with an over-long name is reported in place, as
+    given; the files that can be read are still shown."""
+    (ws / "a.txt").write_text("alpha\n")
+    (ws.parent / "outside.txt").write_text("secret")
+    long_name = "x" * 300
+    out = _call(tools, "read_files", paths=["../outside.txt", "a.txt", long_name])
+    sections = out.split("\n\n")
+    assert sections[0].startswith(
+        "==> ../outside.txt <==\nerror: path '../outside.txt' is outside the workspace"
+    )
+    assert sections[1] == "==> a.txt <==\n     1\talpha"
+    assert sections[2].startswith(f"==> {long_name} <==\nerror: cannot read: File name too long")
+    assert len(sections) == 3 and "secret" not in out
+
+
 def test_read_files_fails_when_nothing_could_be_read(tools: FileTools) -> None:
     """When every path fails, the call fails (not retryable)."""
     with pytest.raises(ToolError) as info:
