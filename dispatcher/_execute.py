@@ -328,25 +328,10 @@ class Executor:
         if hooks.before or hooks.after:
             call = ToolCall(planned.call_id, planned.name, copy.deepcopy(planned.args))
         try:
-            for before in hooks.before:
-                try:
-                    await _maybe_await(before(call, ctx))
-                except (HookBlocked, DispatchInterrupted):
-                    raise
-                except Exception as exc:
-                    # a guard that broke cannot vouch for the call: it does not run
-                    log.warning(
-                        "before hook %s raised on call %s", _name_of(before), planned.call_id, exc_info=True
-                    )
-                    self.results[index] = failure_result(
-                        planned.call_id,
-                        planned.name,
-                        Status.failed,
-                        f"the before hook {_name_of(before)} failed, so the tool did not run: "
-                        f"{describe(exc)}",
-                        retryable=False,
-                        limit=self._max_out,
-                    )
+            if call is not None and hooks.before:
+                refused = await self._before(planned, call, ctx)
+                if refused is not None:
+                    self.results[index] = refused
                     return
             result = await self._invoke(planned, ctx, slot)
         except HookBlocked as exc:
@@ -359,6 +344,27 @@ class Executor:
             await self._finish(planned, result, ctx, call)
         else:
             self.results[index] = result
+
+    async def _before(self, planned: PlannedCall, call: ToolCall, ctx: ToolContext) -> ToolResult | None:
+        """Run the before hooks; run control propagates. A hook that raises anything else
+        fails the call unrun (a guard that broke cannot vouch for it): that result, or None."""
+        for before in self._hooks.before:
+            try:
+                await _maybe_await(before(call, ctx))
+            except (HookBlocked, DispatchInterrupted):
+                raise
+            except Exception as exc:
+                name = _name_of(before)
+                log.warning("before hook %s raised on call %s", name, planned.call_id, exc_info=True)
+                return failure_result(
+                    planned.call_id,
+                    planned.name,
+                    Status.failed,
+                    f"the before hook {name} failed, so the tool did not run: {describe(exc)}",
+                    retryable=False,
+                    limit=self._max_out,
+                )
+        return None
 
     async def _invoke(self, planned: PlannedCall, ctx: ToolContext, slot: _Slot) -> ToolResult:
         """Run one call under its timeout and a limiter slot; ordinary failures become results."""
