@@ -10,10 +10,31 @@ import attrs
 import trio
 import trio.lowlevel
 
-from dispatcher import Registry, Tool, ToolCall
+from dispatcher import Registry, Tool, ToolCall, ToolContext
 
 TEXT_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 PATH_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+
+
+class FakeSession:
+    """The few session attributes a handler may touch, for calling a handler directly."""
+
+    def __init__(self, session_id: str = "s1") -> None:
+        self.id = session_id
+        self.state: dict[str, Any] = {}
+        self.history: list[Any] = []
+        self.dispatcher = None
+
+
+def tool_context(name: str, session: FakeSession | None = None, call_id: str = "call_1") -> ToolContext:
+    """A ToolContext for calling the handler of tool `name` directly (run 1, round 1)."""
+    return ToolContext(
+        call_id=call_id,
+        tool_name=name,
+        session=session or FakeSession(),  # type: ignore[arg-type]  # the fake stands in for a Session
+        run_id=1,
+        round=1,
+    )
 
 
 def done(args: Mapping[str, Any], ctx: Any) -> str:

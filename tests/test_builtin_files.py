@@ -15,21 +15,8 @@ from builtin_tools import default_registry
 from builtin_tools._workspace import Workspace
 from builtin_tools.files import FileTools, glob_to_regex
 from dispatcher._exceptions import ToolError
-from dispatcher._types import ToolContext
 
-
-class _Session:
-    """The few session attributes a handler may touch."""
-
-    def __init__(self, session_id: str = "s1") -> None:
-        self.id = session_id
-        self.state: dict[str, Any] = {}
-        self.history: list[Any] = []
-        self.dispatcher = None
-
-
-def _ctx(name: str, call_id: str = "call_1", session: _Session | None = None) -> ToolContext:
-    return ToolContext(call_id=call_id, tool_name=name, session=session or _Session(), run_id=1, round=1)
+from ._fakes import FakeSession, tool_context
 
 
 @pytest.fixture
@@ -46,7 +33,7 @@ def tools(ws: Path) -> FileTools:
 
 def _call(tools: FileTools, name: str, **args: Any) -> str:
     handler = getattr(tools, name)
-    return str(handler(args, _ctx(name)))
+    return str(handler(args, tool_context(name)))
 
 
 # -- read_files -------------------------------------------------------------------------
@@ -427,9 +414,7 @@ def test_remove_file_refuses_symlinks_folders_and_missing_files(ws: Path, tools:
 
 
 @pytest.mark.parametrize("path", ["nosuchdir/../link.txt", "dir/../link.txt", "./link.txt", "link.txt/"])
-def test_remove_file_refuses_a_symlink_however_it_is_named(
-    ws: Path, tools: FileTools, path: str
-) -> None:
+def test_remove_file_refuses_a_symlink_however_it_is_named(ws: Path, tools: FileTools, path: str) -> None:
     """A path that reaches a symlink through `..`, `.` or a trailing '/' is still refused,
     and the link's target is left alone."""
     (ws / "target.txt").write_text("t")
@@ -496,10 +481,12 @@ def test_backup_budget_drops_the_oldest_versions(ws: Path) -> None:
 
 def test_file_history_lists_changes_with_their_session(ws: Path, tools: FileTools) -> None:
     """file_history shows every change made through the tools, oldest first, per path."""
-    session = _Session("chat-7")
-    tools.edit_file({"path": "a.txt", "old_string": "", "new_string": "1"}, _ctx("e", "c1", session))
-    tools.edit_file({"path": "d/b.txt", "old_string": "", "new_string": "22"}, _ctx("e", "c2", session))
-    tools.remove_file({"path": "a.txt"}, _ctx("r", "c3", session))
+    session = FakeSession("chat-7")
+    tools.edit_file({"path": "a.txt", "old_string": "", "new_string": "1"}, tool_context("e", session, "c1"))
+    tools.edit_file(
+        {"path": "d/b.txt", "old_string": "", "new_string": "22"}, tool_context("e", session, "c2")
+    )
+    tools.remove_file({"path": "a.txt"}, tool_context("r", session, "c3"))
     out = _call(tools, "file_history")
     lines = out.splitlines()
     assert lines[0] == "3 change(s), oldest first:"

@@ -14,21 +14,9 @@ from builtin_tools._workspace import Workspace
 from builtin_tools.files import FileTools
 from builtin_tools.meta import ASK_USER_ANSWERS, MetaTools
 from dispatcher._exceptions import DispatchInterrupted, ToolError
-from dispatcher._types import HistoryEntry, Status, ToolCall, ToolContext, ToolResult
+from dispatcher._types import HistoryEntry, Status, ToolCall, ToolResult
 
-
-class _Session:
-    """The few session attributes a handler may touch."""
-
-    def __init__(self) -> None:
-        self.id = "s1"
-        self.state: dict[str, Any] = {}
-        self.history: list[HistoryEntry] = []
-        self.dispatcher = None
-
-
-def _ctx(name: str, session: _Session, call_id: str = "call_1") -> ToolContext:
-    return ToolContext(call_id=call_id, tool_name=name, session=session, run_id=1, round=1)
+from ._fakes import FakeSession, tool_context
 
 
 @pytest.fixture
@@ -43,9 +31,9 @@ def meta(ws: Path) -> MetaTools:
     return MetaTools(Workspace(ws))
 
 
-async def _call(meta: MetaTools, name: str, session: _Session, **args: Any) -> str:
+async def _call(meta: MetaTools, name: str, session: FakeSession, **args: Any) -> str:
     with trio.fail_after(5):
-        return str(await getattr(meta, name)(args, _ctx(name, session)))
+        return str(await getattr(meta, name)(args, tool_context(name, session)))
 
 
 def _entry(
@@ -71,7 +59,7 @@ def _entry(
 
 async def test_write_todo_stores_and_renders_the_list(meta: MetaTools) -> None:
     """The list replaces the session's todo and comes back with marks and counts."""
-    session = _Session()
+    session = FakeSession()
     todos = [
         {"content": "read the code", "status": "done"},
         {"content": "write the fix", "status": "in_progress"},
@@ -91,7 +79,7 @@ async def test_write_todo_stores_and_renders_the_list(meta: MetaTools) -> None:
 
 async def test_write_todo_refuses_an_unknown_status(meta: MetaTools) -> None:
     """A status outside pending/in_progress/done is refused and the list is unchanged."""
-    session = _Session()
+    session = FakeSession()
     session.state["todo"] = [{"content": "keep", "status": "pending"}]
     with pytest.raises(ToolError, match="'finished'"):
         await _call(meta, "write_todo", session, todos=[{"content": "x", "status": "finished"}])
@@ -103,7 +91,7 @@ async def test_write_todo_refuses_an_unknown_status(meta: MetaTools) -> None:
 
 async def test_chat_history_renders_recent_calls(meta: MetaTools) -> None:
     """Recent calls show run, round, name, short arguments, status, flags and content."""
-    session = _Session()
+    session = FakeSession()
     session.history = [_entry(i, "read_files") for i in range(5)]
     session.history.append(_entry(5, "edit_file", Status.failed, deduped=True))
     out = await _call(meta, "chat_history", session, limit=2)
@@ -117,7 +105,7 @@ async def test_chat_history_renders_recent_calls(meta: MetaTools) -> None:
 
 async def test_chat_history_filters_by_tool_and_shortens(meta: MetaTools) -> None:
     """`tool` keeps one tool's calls; long arguments and content are shortened."""
-    session = _Session()
+    session = FakeSession()
     session.history = [
         _entry(0, "fetch_page", args={"url": "https://x/" + "a" * 300}, content="b" * 1000),
         _entry(1, "calculate"),
@@ -127,7 +115,7 @@ async def test_chat_history_filters_by_tool_and_shortens(meta: MetaTools) -> Non
     line = out.splitlines()[1]
     assert len(line) < 400 and line.endswith("…")
     assert await _call(meta, "chat_history", session, tool="nope") == "no calls of 'nope' yet"
-    assert await _call(meta, "chat_history", _Session()) == "no tool calls yet"
+    assert await _call(meta, "chat_history", FakeSession()) == "no tool calls yet"
 
 
 # -- reasoning_guide -------------------------------------------------------------------------
@@ -135,7 +123,7 @@ async def test_chat_history_filters_by_tool_and_shortens(meta: MetaTools) -> Non
 
 async def test_reasoning_guide_explains_the_core_tools(meta: MetaTools) -> None:
     """The guide tells how to load schemas, call run_tool and batch calls."""
-    out = await _call(meta, "reasoning_guide", _Session())
+    out = await _call(meta, "reasoning_guide", FakeSession())
     assert 'find_tools(query="select:' in out
     assert "run_tool(name=" in out
     assert "Batch independent calls" in out
@@ -146,7 +134,7 @@ async def test_reasoning_guide_explains_the_core_tools(meta: MetaTools) -> None:
 
 async def test_ask_user_uses_a_sync_callable_in_a_worker_thread(meta: MetaTools) -> None:
     """A sync callable in the session state answers, off the trio thread."""
-    session = _Session()
+    session = FakeSession()
     seen: list[Any] = []
 
     def ask(question: str) -> str:
@@ -160,7 +148,7 @@ async def test_ask_user_uses_a_sync_callable_in_a_worker_thread(meta: MetaTools)
 
 async def test_ask_user_uses_an_async_callable_with_options(meta: MetaTools) -> None:
     """An async callable taking (question, options) gets both and is awaited."""
-    session = _Session()
+    session = FakeSession()
 
     async def ask(question: str, options: list[str]) -> str:
         await trio.lowlevel.checkpoint()
@@ -173,10 +161,10 @@ async def test_ask_user_uses_an_async_callable_with_options(meta: MetaTools) -> 
 
 async def test_ask_user_without_a_way_to_ask_interrupts(meta: MetaTools) -> None:
     """With no callable, ask_user raises DispatchInterrupted carrying the question."""
-    session = _Session()
+    session = FakeSession()
     args = {"question": "Deploy now?", "options": ["yes", "no"]}
     with pytest.raises(DispatchInterrupted) as info:
-        await meta.ask_user(args, _ctx("ask_user", session, call_id="call_9"))
+        await meta.ask_user(args, tool_context("ask_user", session, call_id="call_9"))
     [(call, reason, payload)] = info.value.pending
     assert call == ToolCall(id="call_9", name="ask_user", arguments=args)
     assert reason == "ask_user"
@@ -185,9 +173,9 @@ async def test_ask_user_without_a_way_to_ask_interrupts(meta: MetaTools) -> None
 
 async def test_ask_user_returns_an_answer_given_after_the_interrupt(meta: MetaTools) -> None:
     """An answer stored under the call id after an interrupt is returned once."""
-    session = _Session()
+    session = FakeSession()
     session.state[ASK_USER_ANSWERS] = {"call_9": "yes"}
-    ctx = _ctx("ask_user", session, call_id="call_9")
+    ctx = tool_context("ask_user", session, call_id="call_9")
     assert await meta.ask_user({"question": "Deploy now?"}, ctx) == "yes"
     assert session.state[ASK_USER_ANSWERS] == {}
     with pytest.raises(DispatchInterrupted):
@@ -196,7 +184,7 @@ async def test_ask_user_returns_an_answer_given_after_the_interrupt(meta: MetaTo
 
 async def test_ask_user_reports_a_missing_answer(meta: MetaTools) -> None:
     """A callable that returns nothing is reported as no answer, not as empty text."""
-    session = _Session()
+    session = FakeSession()
     session.state["ask_user"] = lambda question: None
     assert await _call(meta, "ask_user", session, question="?") == "The user gave no answer."
 
@@ -206,20 +194,20 @@ async def test_ask_user_reports_a_missing_answer(meta: MetaTools) -> None:
 
 async def test_write_result_records_and_writes_a_restorable_file(ws: Path, meta: MetaTools) -> None:
     """The result lands in the session state and, with a path, in a file restore_file can undo."""
-    session = _Session()
+    session = FakeSession()
     out = await _call(meta, "write_result", session, content="all done")
     assert session.state["result"] == "all done" and out == "result recorded (8 characters)"
     out = await _call(meta, "write_result", session, content="# Report\n", path="out/report.md")
     assert (ws / "out/report.md").read_text() == "# Report\n"
     assert session.state["result"] == "# Report\n"
     assert out.endswith("written to out/report.md")
-    FileTools(meta.ws).restore_file({"path": "out/report.md"}, _ctx("restore_file", session))
+    FileTools(meta.ws).restore_file({"path": "out/report.md"}, tool_context("restore_file", session))
     assert not (ws / "out/report.md").exists()
 
 
 async def test_write_result_outside_the_workspace_records_nothing(meta: MetaTools) -> None:
     """A path outside the workspace fails before the result is recorded."""
-    session = _Session()
+    session = FakeSession()
     with pytest.raises(ToolError, match="outside the workspace"):
         await _call(meta, "write_result", session, content="x", path="../escape.md")
     assert "result" not in session.state
@@ -227,7 +215,7 @@ async def test_write_result_outside_the_workspace_records_nothing(meta: MetaTool
 
 async def test_write_result_does_not_write_inside_a_git_folder(ws: Path, meta: MetaTools) -> None:
     """write_result refuses a path inside .git and records nothing."""
-    session = _Session()
+    session = FakeSession()
     with pytest.raises(ToolError, match=r"inside a \.git folder"):
         await _call(meta, "write_result", session, content="x", path=".git/hooks/pre-commit")
     assert not (ws / ".git").exists() and "result" not in session.state

@@ -18,21 +18,8 @@ from builtin_tools._workspace import Workspace
 from builtin_tools.shell import ShellTools, is_read_only_command
 from dispatcher import Allow, Deny, Dispatcher, Status, ToolCall
 from dispatcher._exceptions import ToolError
-from dispatcher._types import ToolContext
 
-
-class _Session:
-    """The few session attributes a handler may touch."""
-
-    def __init__(self) -> None:
-        self.id = "s1"
-        self.state: dict[str, Any] = {}
-        self.history: list[Any] = []
-        self.dispatcher = None
-
-
-def _ctx() -> ToolContext:
-    return ToolContext(call_id="call_1", tool_name="run_command", session=_Session(), run_id=1, round=1)
+from ._fakes import tool_context
 
 
 @pytest.fixture
@@ -45,7 +32,7 @@ def ws(tmp_path: Path) -> Path:
 async def _run(ws: Path, command: str, **extra: Any) -> str:
     tools = ShellTools(Workspace(ws), **extra.pop("options", {}))
     with trio.fail_after(10):
-        return await tools.run_command({"command": command, **extra}, _ctx())
+        return await tools.run_command({"command": command, **extra}, tool_context("run_command"))
 
 
 async def test_run_command_returns_exit_code_and_both_streams(ws: Path) -> None:
@@ -115,7 +102,7 @@ async def test_run_command_reports_a_shell_that_cannot_start(ws: Path) -> None:
     tools = ShellTools(Workspace(ws))
     tools.shell = str(ws / "no-such-shell")
     with trio.fail_after(10), pytest.raises(ToolError, match="cannot start the command") as info:
-        await tools.run_command({"command": "echo hi"}, _ctx())
+        await tools.run_command({"command": "echo hi"}, tool_context("run_command"))
     assert info.value.retryable is False
 
 
@@ -238,7 +225,7 @@ def _hostile_repository(ws: Path, outside: Path) -> None:
     git runs one on status, diff, log and show."""
     outside.mkdir()
     payload = outside / "payload.sh"
-    payload.write_text(f"#!/bin/sh\ntouch \"{outside}/ran-$1\"\ncat\n")
+    payload.write_text(f'#!/bin/sh\ntouch "{outside}/ran-$1"\ncat\n')
     payload.chmod(0o755)
     _git(ws, "init", "-q", ".")
     (ws / "f.txt").write_text("a\n")
@@ -259,9 +246,7 @@ def _hostile_repository(ws: Path, outside: Path) -> None:
 
 
 @_needs_git
-async def test_read_only_git_runs_nothing_the_repository_config_names(
-    ws: Path, tmp_path: Path
-) -> None:
+async def test_read_only_git_runs_nothing_the_repository_config_names(ws: Path, tmp_path: Path) -> None:
     """git status/diff/log/show run without confirmation, so they run none of the programs
     the repository's config names, and still show the change."""
     outside = tmp_path / "outside"

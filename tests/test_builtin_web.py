@@ -27,7 +27,8 @@ from builtin_tools._workspace import Workspace
 from builtin_tools.files import FileTools
 from builtin_tools.web import SEARCH_URL_ENV, WebTools, resource_url
 from dispatcher._exceptions import ToolError
-from dispatcher._types import ToolContext
+
+from ._fakes import tool_context
 
 PAGE = b"""<!doctype html>
 <html><head><title>The &amp; Page</title><style>body { color: red }</style>
@@ -162,20 +163,6 @@ def server() -> Iterator[str]:
         thread.join(timeout=5)
 
 
-class _Session:
-    """The few session attributes a handler may touch."""
-
-    def __init__(self) -> None:
-        self.id = "s1"
-        self.state: dict[str, Any] = {}
-        self.history: list[Any] = []
-        self.dispatcher = None
-
-
-def _ctx(name: str) -> ToolContext:
-    return ToolContext(call_id="call_1", tool_name=name, session=_Session(), run_id=1, round=1)
-
-
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
     root = tmp_path / "ws"
@@ -190,7 +177,7 @@ def web(ws: Path, server: str) -> WebTools:
 
 async def _call(web: WebTools, name: str, **args: Any) -> str:
     with trio.fail_after(10):
-        return str(await getattr(web, name)(args, _ctx(name)))
+        return str(await getattr(web, name)(args, tool_context(name)))
 
 
 # -- fetch_page ---------------------------------------------------------------------------
@@ -259,9 +246,7 @@ async def test_an_invalid_host_name_is_refused_by_name(web: WebTools) -> None:
     assert repr(LONG_HOST) in info.value.message
 
 
-async def test_a_redirect_to_an_invalid_host_name_is_not_retryable(
-    web: WebTools, server: str
-) -> None:
+async def test_a_redirect_to_an_invalid_host_name_is_not_retryable(web: WebTools, server: str) -> None:
     """A redirect to a host name the resolver refuses fails for good, with a clear cause."""
     with pytest.raises(ToolError, match="a host name could not be looked up") as info:
         await _call(web, "fetch_page", url=f"{server}/redirect-bad-host")
@@ -370,9 +355,7 @@ async def test_http_request_refuses_headers_that_cannot_be_sent(
     assert info.value.retryable is False
 
 
-async def test_http_request_sends_tabs_and_spaces_in_header_values(
-    web: WebTools, server: str
-) -> None:
+async def test_http_request_sends_tabs_and_spaces_in_header_values(web: WebTools, server: str) -> None:
     """Inner spaces and tabs are legal in a header value and go out unchanged."""
     out = await _call(web, "http_request", url=f"{server}/echo", headers={"X-Name": "a b\tc"})
     assert json.loads(out.partition("\n\n")[2])["headers"]["x-name"] == "a b\tc"
@@ -407,9 +390,7 @@ async def test_http_request_reports_redirects(web: WebTools, server: str) -> Non
     assert f"(after 1 redirect(s), from {server}/page)" in out
 
 
-async def test_a_charset_that_is_not_a_text_encoding_is_read_as_utf8(
-    web: WebTools, server: str
-) -> None:
+async def test_a_charset_that_is_not_a_text_encoding_is_read_as_utf8(web: WebTools, server: str) -> None:
     """A page declaring charset=base64 (a codec, not a text encoding) is still shown,
     decoded as UTF-8, with a note naming the charset."""
     note = "Charset: 'base64' is not a text encoding; shown as UTF-8"
@@ -427,9 +408,7 @@ async def test_compressed_bodies_are_decoded(web: WebTools, server: str) -> None
     assert (await _call(web, "fetch_page", url=f"{server}/deflate-raw")).endswith("\n\nraw deflate")
 
 
-async def test_a_decompression_bomb_is_cut_at_the_limit_in_small_memory(
-    web: WebTools, server: str
-) -> None:
+async def test_a_decompression_bomb_is_cut_at_the_limit_in_small_memory(web: WebTools, server: str) -> None:
     """A gzip body that inflates to 1 GiB is read up to the byte limit only, and never
     held in memory beyond it."""
     assert len(_gzip_of_zeros(1024)) < 2 * _MIB  # built before memory is measured
@@ -471,14 +450,12 @@ async def test_download_file_saves_the_exact_bytes_and_can_be_undone(
     assert out == (
         f"saved {len(FILE_BYTES)} bytes (application/octet-stream) from {server}/file.bin to data/file.bin"
     )
-    FileTools(web.ws).restore_file({"path": "data/file.bin"}, _ctx("restore_file"))
+    FileTools(web.ws).restore_file({"path": "data/file.bin"}, tool_context("restore_file"))
     assert (ws / "data/file.bin").read_bytes() == b"old"
     assert [p.name for p in (ws / "data").iterdir()] == ["file.bin"]  # no staging file left
 
 
-async def test_download_file_does_not_write_inside_a_git_folder(
-    ws: Path, web: WebTools, server: str
-) -> None:
+async def test_download_file_does_not_write_inside_a_git_folder(ws: Path, web: WebTools, server: str) -> None:
     """A download into .git is refused before anything is staged there."""
     (ws / ".git").mkdir()
     with pytest.raises(ToolError, match=r"inside a \.git folder"):
