@@ -76,6 +76,12 @@ class RunControl:
         return None
 
 
+def _call_to_show(planned: PlannedCall) -> ToolCall:
+    """The call for hooks, with a copy of its arguments: a hook that edits them must not
+    change what the tool runs with, what was validated and keyed."""
+    return ToolCall(planned.call_id, planned.name, copy.deepcopy(planned.args))
+
+
 def _name_of(fn: Any) -> str:
     """A hook's name for a message: `Audit.before`, not its repr with an address."""
     name = getattr(fn, "__qualname__", None)
@@ -174,21 +180,15 @@ class Executor:
         # handler runs side by side), instead of waiting for a slot that every holder may
         # be waiting for too.
         holder = _RUNNING_ON.get()
-        if holder is not None and holder.limiter is self._limiter:
-            self._nested = True
-            async with holder.lock():
-                for group in plan.groups:
+        self._nested = holder is not None and holder.limiter is self._limiter
+        async with holder.lock() if holder is not None and self._nested else contextlib.nullcontext():
+            for group in plan.groups:
+                if len(group) == 1 or self._nested:
                     await self._worker(collections.deque(calls[i] for i in group), _Slot(watched=False))
-                    if self.control:
-                        return
-            return
-        for group in plan.groups:
-            if len(group) == 1:
-                await self._worker(collections.deque((calls[group[0]],)), _Slot(watched=False))
-            else:
-                await self._run_group([calls[i] for i in group])
-            if self.control:
-                return  # later groups do not start
+                else:
+                    await self._run_group([calls[i] for i in group])
+                if self.control:
+                    return  # later groups do not start
 
     async def _run_group(self, group: list[PlannedCall]) -> None:
         crew = _Crew(
@@ -286,7 +286,7 @@ class Executor:
         if not self._hooks.after:
             return
         if call is None:
-            call = ToolCall(planned.call_id, planned.name, copy.deepcopy(planned.args))
+            call = _call_to_show(planned)
         for after in self._hooks.after:
             try:
                 await _maybe_await(after(call, result, ctx))
@@ -322,11 +322,9 @@ class Executor:
             return
         ctx = self._make_context(planned)
         hooks = self._hooks
-        # one ToolCall for both kinds of hook, with a copy of the arguments: a hook that edits
-        # them must not change what the tool runs with, what was validated and keyed
-        call = None
+        call = None  # one ToolCall for both kinds of hook
         if hooks.before or hooks.after:
-            call = ToolCall(planned.call_id, planned.name, copy.deepcopy(planned.args))
+            call = _call_to_show(planned)
         try:
             if call is not None and hooks.before:
                 refused = await self._before(planned, call, ctx)
