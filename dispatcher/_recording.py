@@ -139,7 +139,7 @@ class Recorder:
                 "calls": [_call_json(c) for c in calls],
                 "decisions": {k: _decision_json(v) for k, v in decisions.items()},
                 "plan": [
-                    {"name": p.call.name, "key": p.key, "how": _how(p, r)}
+                    {"name": p.name, "key": p.key, "how": _how(p, r)}
                     for p, r in zip(plan.calls, results, strict=True)
                 ],
                 "results": [None if r is None else r.to_json() for r in results],
@@ -235,20 +235,20 @@ class _BatchServer:
         want = self.recorded[i] if i < len(self.recorded) else None
         if row is None or row["how"] != "ran" or want is None:
             got = "the call ran"
-            raise _DivergenceSignal(Divergence(self.number, i, planned.call.id, f"{row and row['how']}", got))
-        if row["name"] != planned.call.name or row["key"] != planned.key:
+            raise _DivergenceSignal(Divergence(self.number, i, planned.call_id, f"{row and row['how']}", got))
+        if row["name"] != planned.name or row["key"] != planned.key:
             expected = f"{row['name']} with key {row['key']}"
-            got = f"{planned.call.name} with key {planned.key}"
-            raise _DivergenceSignal(Divergence(self.number, i, planned.call.id, expected, got))
+            got = f"{planned.name} with key {planned.key}"
+            raise _DivergenceSignal(Divergence(self.number, i, planned.call_id, expected, got))
         recorded = ToolResult.from_json(want)
-        if planned.call.name == FIND_TOOLS and planned.tool is not None:
+        if planned.name == FIND_TOOLS and planned.tool is not None:
             # the dispatcher's own tool: it touches nothing outside the session, and loading
             # the schemas it finds is what later calls depend on, so it runs for real
-            again = normalize_output(await planned.tool.tool.handler(planned.call.arguments, ctx))
+            again = normalize_output(await planned.tool.tool.handler(planned.args, ctx))
             if recorded.status is Status.ok and again != recorded.content:
                 raise _DivergenceSignal(
                     Divergence(
-                        self.number, i, planned.call.id, repr(recorded.content[:120]), repr(again[:120])
+                        self.number, i, planned.call_id, repr(recorded.content[:120]), repr(again[:120])
                     )
                 )
         return recorded
