@@ -321,7 +321,7 @@ class FileTools:
 
 
 def _who(ctx: ToolContext) -> dict[str, str | None]:
-    session_id = getattr(ctx.session, "id", None)
+    session_id = ctx.session_id
     return {"session_id": None if session_id is None else str(session_id), "call_id": ctx.call_id}
 
 

@@ -170,7 +170,7 @@ class MetaTools:
     async def chat_history(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
         limit = int(args.get("limit") or 20)
         tool = args.get("tool")
-        entries = list(ctx.session.history)
+        entries = list(ctx.history)
         if tool:
             entries = [e for e in entries if e.name == tool]
         if not entries:
@@ -217,7 +217,7 @@ class MetaTools:
             ctx.state["result"] = content
             return f"result recorded ({len(content)} characters)"
         target = self.ws.resolve(path)
-        session_id = getattr(ctx.session, "id", None)
+        session_id = ctx.session_id
         change = await trio.to_thread.run_sync(
             lambda: self.ws.write(
                 target,

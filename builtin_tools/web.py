@@ -303,7 +303,7 @@ class WebTools:
                         await out.write(chunk)
                 content_type = response.headers.get("content-type", "unknown")
                 final_url = str(response.url)
-            session_id = getattr(ctx.session, "id", None)
+            session_id = ctx.session_id
             await trio.to_thread.run_sync(
                 lambda: self.ws.install(
                     target,

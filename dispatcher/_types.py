@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -214,6 +214,17 @@ class ToolContext:
     @property
     def dispatcher(self) -> Dispatcher:
         return self.session.dispatcher
+
+    @property
+    def session_id(self) -> str:
+        """The id of the session the call belongs to."""
+        return str(self.session.id)
+
+    @property
+    def history(self) -> Sequence[HistoryEntry]:
+        """The session's committed calls, oldest first (read-only)."""
+        history: Sequence[HistoryEntry] = self.session.history
+        return history
 
     @property
     def state(self) -> dict[str, Any]:
