@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import trio
+import anyio.to_thread
 
 from dispatcher._exceptions import DispatchInterrupted, ToolError
 from dispatcher._registry import Tool
@@ -205,7 +205,7 @@ class MetaTools:
             answer = await ask(*call_args)
         else:
             # Abandoned on cancellation: a thread blocked on a terminal cannot be interrupted.
-            answer = await trio.to_thread.run_sync(lambda: ask(*call_args), abandon_on_cancel=True)
+            answer = await anyio.to_thread.run_sync(lambda: ask(*call_args), abandon_on_cancel=True)
             if inspect.isawaitable(answer):  # a sync wrapper around a coroutine function
                 answer = await answer
         return _answer_text(answer)
@@ -218,7 +218,7 @@ class MetaTools:
             return f"result recorded ({len(content)} characters)"
         target = self.ws.resolve(path)
         session_id = ctx.session_id
-        change = await trio.to_thread.run_sync(
+        change = await anyio.to_thread.run_sync(
             lambda: self.ws.write(
                 target,
                 content.encode("utf-8"),

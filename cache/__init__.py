@@ -3,7 +3,7 @@
 from ._disk import DEFAULT_SIZE_LIMIT, DiskResultCache, default_cache_dir
 from ._memory import MemoryResultCache
 from ._policy import DEFAULT_TTL, CachePolicy, carries_credentials, resources_overlap
-from ._protocol import CacheEntry, CacheStatistics, ResultCache
+from ._protocol import CacheEntry, CacheStatistics, CacheWrite, ResultCache
 
 __all__ = [
     "DEFAULT_SIZE_LIMIT",
@@ -11,6 +11,7 @@ __all__ = [
     "CacheEntry",
     "CachePolicy",
     "CacheStatistics",
+    "CacheWrite",
     "DiskResultCache",
     "MemoryResultCache",
     "ResultCache",

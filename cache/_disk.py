@@ -79,11 +79,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypeGuard
 
+import anyio.to_thread
 import diskcache
 import platformdirs
 from diskcache.core import MODE_BINARY, MODE_RAW
 
-from ._protocol import CacheCounters, CacheEntry, CacheStatistics
+from ._protocol import CacheCounters, CacheEntry, CacheStatistics, CacheWrite
 
 __all__ = ["DEFAULT_SIZE_LIMIT", "DiskResultCache", "default_cache_dir"]
 
@@ -334,7 +335,35 @@ class DiskResultCache:
         """False once the folder failed: from then on the cache stores and serves nothing."""
         return self._store is not None
 
-    def get(self, key: str) -> CacheEntry | None:
+    # -- the async seam: each operation runs in a worker thread (SQLite may wait for
+    # another process's lock), never on the event loop ------------------------------
+
+    async def get(self, key: str) -> CacheEntry | None:
+        """The live entry under `key`, or None (missing, expired, unreadable)."""
+        return await anyio.to_thread.run_sync(self.get_sync, key)
+
+    async def get_many(self, keys: Sequence[str]) -> dict[str, CacheEntry]:
+        return await anyio.to_thread.run_sync(self.get_many_sync, keys)
+
+    async def set(self, key: str, content: str, *, ttl: float, reads: Iterable[str] = ()) -> None:
+        """Keep `content` under `key` for `ttl` seconds, remembering what it read."""
+        await self.set_many([CacheWrite(key, content, ttl, frozenset(reads))])
+
+    async def set_many(self, writes: Sequence[CacheWrite]) -> None:
+        await anyio.to_thread.run_sync(self.set_many_sync, writes)
+
+    async def invalidate(self, resources: Iterable[str]) -> int:
+        return await anyio.to_thread.run_sync(self.invalidate_sync, list(resources))
+
+    async def clear(self) -> None:
+        await anyio.to_thread.run_sync(self.clear_sync)
+
+    async def statistics(self) -> CacheStatistics:
+        return await anyio.to_thread.run_sync(self.statistics_sync)
+
+    # -- the same, synchronous, for code without an event loop (the command line) -------
+
+    def get_sync(self, key: str) -> CacheEntry | None:
         store = self._store
         if store is None:
             self._counters.misses += 1
@@ -351,11 +380,11 @@ class DiskResultCache:
             return None
         return self._live(raw)
 
-    def get_many(self, keys: Sequence[str]) -> dict[str, CacheEntry]:
+    def get_many_sync(self, keys: Sequence[str]) -> dict[str, CacheEntry]:
         store = self._store
         if store is None or len(keys) < 2:
             # one key is one query either way, and a broken store counts its misses in get
-            return {k: e for k in keys if (e := self.get(k)) is not None}
+            return {k: e for k in keys if (e := self.get_sync(k)) is not None}
         found: dict[str, CacheEntry] = {}
         asked = list(dict.fromkeys(keys))
         done = 0
@@ -396,28 +425,33 @@ class DiskResultCache:
         self._counters.hits += 1
         return entry
 
-    def set(self, key: str, content: str, *, ttl: float, reads: Iterable[str] = ()) -> None:
+    def set_sync(self, key: str, content: str, *, ttl: float, reads: Iterable[str] = ()) -> None:
+        self.set_many_sync([CacheWrite(key, content, ttl, frozenset(reads))])
+
+    def set_many_sync(self, writes: Sequence[CacheWrite]) -> None:
+        """Every write in one transaction (one commit, not one per entry)."""
         store = self._store
-        read = frozenset(reads)
-        if store is None or not ttl > 0:  # an entry born expired could serve nothing
+        live = [w for w in writes if w.ttl > 0]  # an entry born expired could serve nothing
+        if store is None or not live:
             return
         now = self._clock()
-        value = _encode(content, read, now, now + ttl)
-        sweep_after = ttl + _SWEEP_GRACE if math.isfinite(ttl) else None
         try:
             with store.transact():
                 con = _connection(store)
-                con.execute(_FORGET_READS, (key,))
-                con.executemany(_REMEMBER_READ, [(_index_form(r), key) for r in read])
-                # The rows go in first: should the size limit evict this very entry
-                # while storing it, the trigger takes its rows along.
-                store.set(key, value, expire=sweep_after)
+                for w in live:
+                    value = _encode(w.content, w.reads, now, now + w.ttl)
+                    sweep_after = w.ttl + _SWEEP_GRACE if math.isfinite(w.ttl) else None
+                    con.execute(_FORGET_READS, (w.key,))
+                    con.executemany(_REMEMBER_READ, [(_index_form(r), w.key) for r in w.reads])
+                    # The rows go in first: should the size limit evict this very entry
+                    # while storing it, the trigger takes its rows along.
+                    store.set(w.key, value, expire=sweep_after)
         except _STORE_FAILURES as exc:
             self._disable("write to", exc)
             return
-        self._counters.writes += 1
+        self._counters.writes += len(live)
 
-    def invalidate(self, resources: Iterable[str]) -> int:
+    def invalidate_sync(self, resources: Iterable[str]) -> int:
         store = self._store
         written = list(resources)
         if store is None or not written:
@@ -438,7 +472,7 @@ class DiskResultCache:
         self._counters.invalidations += dropped
         return dropped
 
-    def clear(self) -> None:
+    def clear_sync(self) -> None:
         store = self._store
         if store is None:
             return
@@ -448,7 +482,7 @@ class DiskResultCache:
         except _STORE_FAILURES as exc:
             self._disable("clear", exc)
 
-    def statistics(self) -> CacheStatistics:
+    def statistics_sync(self) -> CacheStatistics:
         store = self._store
         entries = 0
         if store is not None:

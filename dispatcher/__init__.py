@@ -5,8 +5,6 @@ schemas, dedupe and cache, validation, the confirm gate) before anything runs; p
 runs what may run; pass 3 commits outcomes in call order.
 """
 
-from cache import CachePolicy
-
 from ._dispatcher import Dispatcher, default_limit
 from ._exceptions import (
     DispatchInterrupted,
@@ -15,6 +13,7 @@ from ._exceptions import (
     ToolError,
     UnknownTool,
 )
+from ._policy import CachePolicy
 from ._recording import Divergence, ReplayReport, replay
 from ._registry import Registry, Tool
 from ._session import Session, SessionStatistics

@@ -1,45 +1,49 @@
-"""Pass 3, commit: land a batch's outcomes in the session, serially, in call order.
+"""Pass 3, commit: what a batch's outcomes change, decided serially, in call order.
 
-Synchronous and sans-IO apart from the result cache handed in (a store keeps its own
-failures to itself). Returns the results and, only when somebody listens, the events;
-the session delivers events and writes the recording.
+Synchronous and sans-IO: `commit` reads the plan and what ran, and returns the effects
+as values (results, history rows, schemas loaded, approvals spent, invalidations,
+dedupe entries, cache writes, events). `land` applies the ones that stay in the
+session's memory; the session awaits the store's and writes the recording. Nothing here
+touches the event loop, a store or the disk.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Collection, Mapping
 
 import attrs
 
-from cache import ResultCache, resources_overlap
-
 from ._history import History
-from ._plan import DedupeEntry, Plan, PlannerState, _served_again
+from ._plan import DedupeEntry, Plan, PlannedCall, PlannerState, _served_again
+from ._policy import resources_overlap
+from ._seams import CacheWrite
 from ._types import Status, ToolResult, ToolResultEvent
 
-__all__ = ["CommitOutcome", "commit"]
-
-log = logging.getLogger("threepass.commit")
+__all__ = ["CommitEffects", "commit", "land"]
 
 
 @attrs.frozen
-class CommitOutcome:
-    """One entry per call, in call order; None for a call that never finished."""
+class CommitEffects:
+    """What one batch changes, for the session to apply in field order.
+
+    `invalidations` are applied before `remember` and `cache_writes`: a success that a
+    later write of the same batch may have changed is left out of both here, so applying
+    every invalidation first, then every survivor, is the same as going call by call."""
 
     results: tuple[ToolResult | None, ...]
-    events: tuple[ToolResultEvent, ...]
+    """One per call, in call order; None for a call that never finished."""
+    history: tuple[tuple[PlannedCall, ToolResult], ...] = ()
+    loaded: tuple[str, ...] = ()
+    spent_approvals: tuple[str, ...] = ()
+    invalidations: frozenset[str] = frozenset()
+    remember: tuple[tuple[str, DedupeEntry], ...] = ()
+    cache_writes: tuple[CacheWrite, ...] = ()
+    events: tuple[ToolResultEvent, ...] = ()
 
 
-def _invalidate(state: PlannerState, cache: ResultCache | None, writes: frozenset[str]) -> None:
-    doomed = [k for k, e in state.dedupe.items() if resources_overlap(e.reads, writes)]
-    for key in doomed:
-        del state.dedupe[key]
-    if cache is not None:
-        try:
-            cache.invalidate(writes)
-        except Exception:  # a store's fault must never fail a call
-            log.warning("result cache invalidation failed for %s", sorted(writes), exc_info=True)
+def _drop_overlapping(remember: dict[str, DedupeEntry], writes: frozenset[str]) -> None:
+    for key in [k for k, e in remember.items() if resources_overlap(e.reads, writes)]:
+        del remember[key]
 
 
 def commit(
@@ -47,15 +51,25 @@ def commit(
     executed: Mapping[int, ToolResult],
     *,
     started: Collection[int] = (),
-    state: PlannerState,
-    cache: ResultCache | None,
-    history: History,
+    has_cache: bool,
     run_id: int,
     round: int,
     session_id: str,
     want_events: bool,
-) -> CommitOutcome:
+) -> CommitEffects:
+    """Land a batch: `executed` holds the results of the calls that ran (by index), and
+    `started` the calls whose handler began (a writer that began but never answered may
+    have written). Successes that wrote nothing are remembered for the run (and cached,
+    where their tool has a policy); failures never are; a write that may have happened
+    (a success, or a failure that says its effect is uncertain) invalidates what it
+    overlaps. Returns the effects; changes nothing itself."""
     results: list[ToolResult | None] = []
+    history: list[tuple[PlannedCall, ToolResult]] = []
+    loaded: list[str] = []
+    spent: list[str] = []
+    invalidated: set[str] = set()
+    remember: dict[str, DedupeEntry] = {}
+    cache_writes: list[CacheWrite] = []
     for planned in plan.calls:
         ran = planned.index in executed
         if planned.outcome is not None:
@@ -66,33 +80,35 @@ def commit(
         else:
             result = executed.get(planned.index)
         results.append(result)
+        writes = planned.writes
         if result is None:
-            if planned.writes and planned.index in started:
+            if writes and planned.index in started:
                 # started, then cancelled or blocked before it answered: it may have written
-                _invalidate(state, cache, planned.writes)
+                invalidated.update(writes)
+                _drop_overlapping(remember, writes)
+                cache_writes = [w for w in cache_writes if not resources_overlap(w.reads, writes)]
             continue
-        history.add(run_id, round, planned, result)
+        history.append((planned, result))
         ok = result.status is Status.ok
         if not ok and planned.loads_schema:
-            state.loaded.add(planned.name)
+            loaded.append(planned.name)
         if ran and planned.spent_approval:
-            state.spent_approvals.add(planned.call_id)
-        if planned.writes:
+            spent.append(planned.call_id)
+        if writes:
             if ran and (ok or result.effect_uncertain):
                 # a write that may have happened drops what it may have changed
-                _invalidate(state, cache, planned.writes)
+                invalidated.update(writes)
+                _drop_overlapping(remember, writes)
+                cache_writes = [w for w in cache_writes if not resources_overlap(w.reads, writes)]
             continue  # writes are never remembered
         if not ok:
             continue  # failures are never remembered across rounds
         if planned.key is not None and (ran or result.cached):
-            state.dedupe[planned.key] = DedupeEntry(result, planned.reads)
-        if ran and planned.cache_key is not None and cache is not None and planned.tool is not None:
+            remember[planned.key] = DedupeEntry(result, planned.reads)
+        if ran and planned.cache_key is not None and has_cache and planned.tool is not None:
             policy = planned.tool.tool.cache
             if policy is not None:
-                try:
-                    cache.set(planned.cache_key, result.content, ttl=policy.ttl, reads=planned.reads)
-                except Exception:
-                    log.warning("result cache write failed for %s", planned.name, exc_info=True)
+                cache_writes.append(CacheWrite(planned.cache_key, result.content, policy.ttl, planned.reads))
     events: tuple[ToolResultEvent, ...] = ()
     if want_events:
         events = tuple(
@@ -102,4 +118,28 @@ def commit(
             for i, r in enumerate(results)
             if r is not None
         )
-    return CommitOutcome(results=tuple(results), events=events)
+    return CommitEffects(
+        results=tuple(results),
+        history=tuple(history),
+        loaded=tuple(loaded),
+        spent_approvals=tuple(spent),
+        invalidations=frozenset(invalidated),
+        remember=tuple(remember.items()),
+        cache_writes=tuple(cache_writes),
+        events=events,
+    )
+
+
+def land(effects: CommitEffects, state: PlannerState, history: History, *, run_id: int, round: int) -> None:
+    """Apply the effects that live in the session's memory: history rows, schemas loaded,
+    approvals spent, then the run's dedupe map (invalidations first, then what to remember).
+    No await, so nothing can cut it short halfway."""
+    add = history.add
+    for planned, result in effects.history:
+        add(run_id, round, planned, result)
+    state.loaded.update(effects.loaded)
+    state.spent_approvals.update(effects.spent_approvals)
+    if effects.invalidations:
+        _drop_overlapping(state.dedupe, effects.invalidations)
+    if effects.remember:
+        state.dedupe.update(effects.remember)

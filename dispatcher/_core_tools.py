@@ -46,8 +46,7 @@ def rank_tools(query: str, tools: list[Tool], limit: int) -> list[Tool]:
 async def _find_tools(args: Mapping[str, Any], ctx: ToolContext) -> str:
     query = str(args["query"]).strip()
     limit = int(args.get("limit", 5))
-    session = ctx.session
-    searchable = session.searchable_tools()
+    searchable = ctx.searchable_tools()
     if query.lower().startswith("select:"):
         names = [n.strip() for n in query[len("select:") :].split(",") if n.strip()]
         by_name = {t.name: t for t in searchable}
@@ -58,7 +57,7 @@ async def _find_tools(args: Mapping[str, Any], ctx: ToolContext) -> str:
     else:
         found = rank_tools(query, searchable, limit)
         missing = []
-    session.load_tools([t.name for t in found])
+    ctx.load_tools([t.name for t in found])
     lines = [f"{len(found)} tool(s) loaded; call them with {RUN_TOOL}(name, args)."]
     lines += [json.dumps(t.schema(), ensure_ascii=False, sort_keys=True) for t in found]
     if missing:

@@ -3,21 +3,23 @@ and `invoke`, the programmatic path through the same three passes."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import trio
+import anyio
+import attrs
 
-from cache import ResultCache
-
+from . import _backend
 from ._core_tools import core_registry
 from ._execute import HookSet
 from ._history import DEFAULT_HISTORY_LIMIT
 from ._plan import DEFAULT_MAX_ARGUMENT_BYTES
 from ._registry import Registry
 from ._results import DEFAULT_MAX_OUTPUT_BYTES
+from ._seams import ResultCache
 from ._session import Session
 from ._types import Allow, Deny, ToolCall, ToolResult
 
@@ -27,6 +29,14 @@ DEFAULT_TIMEOUT = 60.0
 
 Gate = Callable[..., Any]
 Rewriter = Callable[..., Any]
+
+
+@attrs.frozen
+class _Binding:
+    """The event loop a Dispatcher belongs to, and what it made there."""
+
+    loop: _backend.LoopIdentity
+    thread_limiter: anyio.CapacityLimiter
 
 
 def default_limit() -> int:
@@ -40,6 +50,10 @@ class Dispatcher:
     `cache` is the result store (None: no result cache). `max_concurrent` bounds the calls
     running at once across every session (default: half the cores, at least 3). `gate` is
     asked about calls that need confirmation; without one, every call runs.
+
+    A Dispatcher belongs to the event loop that first dispatches through it (trio or
+    asyncio): using it from another loop or thread raises RuntimeError. Make one per
+    loop; they can share a result store.
     """
 
     def __init__(
@@ -73,9 +87,25 @@ class Dispatcher:
         self.timeout = timeout
         self.max_argument_bytes = max_argument_bytes
         self.max_output_bytes = max_output_bytes
-        self.limiter = trio.CapacityLimiter(limit)
+        self.limiter = anyio.CapacityLimiter(limit)
+        self._binding: _Binding | None = None
         self._sessions: dict[str, Session] = {}
         self._private: Session | None = None
+
+    def _bind(self) -> _Binding:
+        """The loop this dispatcher belongs to: the first one to use it."""
+        here = _backend.loop_identity()
+        bound = self._binding
+        if bound is None:
+            bound = self._binding = _Binding(here, anyio.CapacityLimiter(math.inf))
+        elif bound.loop != here:
+            first, now = bound.loop, here
+            raise RuntimeError(
+                f"this Dispatcher belongs to the {first[0]} loop it was first used on (thread "
+                f"{first[2]}); it was used from a {now[0]} loop on thread {now[2]}. Make one "
+                "Dispatcher per event loop (they can share a result store)."
+            )
+        return bound
 
     def session(
         self,

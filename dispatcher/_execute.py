@@ -1,4 +1,4 @@
-"""Pass 2, execute: the only pass that runs tools, and the only one that uses trio.
+"""Pass 2, execute: the only pass that runs tools (on anyio: trio or asyncio underneath).
 
 Groups run in program order; the calls of a concurrent group are pulled by worker
 tasks rather than one task per call. A group starts with one worker, and a spawner
@@ -26,9 +26,14 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
 import attrs
-import trio
+from anyio.abc import TaskGroup
 
+from . import _backend
 from ._exceptions import DispatchInterrupted, HookBlocked, ToolError
 from ._plan import Plan, PlannedCall
 from ._results import describe, failure_result, normalize_output
@@ -108,7 +113,7 @@ class _Slot:
     """One worker's bookkeeping: the call it is running and when that call must stop."""
 
     watched: bool
-    scope: trio.CancelScope | None = None
+    scope: anyio.CancelScope | None = None
     running: PlannedCall | None = None
     ctx: ToolContext | None = None
     started: float = 0.0
@@ -131,8 +136,8 @@ class _Crew:
     shortest: float
     slots: list[_Slot] = attrs.field(factory=list)
     working: int = 0
-    done: trio.Event = attrs.field(factory=trio.Event)
-    nursery: trio.Nursery | None = None
+    done: anyio.Event = attrs.field(factory=anyio.Event)
+    nursery: TaskGroup | None = None
 
 
 class Executor:
@@ -149,7 +154,8 @@ class Executor:
     def __init__(
         self,
         *,
-        limiter: trio.CapacityLimiter,
+        limiter: anyio.CapacityLimiter,
+        thread_limiter: anyio.CapacityLimiter,
         default_timeout: float,
         deadline: float | None,
         hooks: HookSet,
@@ -158,12 +164,16 @@ class Executor:
         runner: ToolRunner | None = None,
     ) -> None:
         self._limiter = limiter
+        # the dispatcher's limiter bounds sync calls too: the thread pool's own bound must
+        # not add a second one, so threads are started under this unbounded limiter
+        self._thread_limiter = thread_limiter
         self._timeout = default_timeout
         self._deadline = deadline
         self._hooks = hooks
         self._make_context = make_context
         self._max_out = max_output_bytes
         self._runner = runner
+        self._now = _backend.clock()
         self.results: dict[int, ToolResult] = {}
         self.started: set[int] = set()  # calls whose handler (or, in replay, runner) was started
         self.control = RunControl()
@@ -196,7 +206,7 @@ class Executor:
             most=max(1, int(min(len(group), self._limiter.total_tokens))),
             shortest=min(self._timeout_of(p) for p in group),
         )
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             crew.nursery = nursery
             self._add_worker(crew)
             nursery.start_soon(self._supervise, crew)
@@ -225,7 +235,7 @@ class Executor:
         group of quick calls."""
         slots = crew.slots
         while not crew.done.is_set():
-            now = trio.current_time()
+            now = self._now()
             wake = now + crew.shortest
             for slot in slots:
                 if slot.deadline <= now:
@@ -235,18 +245,18 @@ class Executor:
                 elif slot.deadline < wake:
                     wake = slot.deadline
             if crew.todo and len(slots) < crew.most:
-                await trio.lowlevel.checkpoint()
+                await anyio.lowlevel.checkpoint()
                 if crew.todo:
                     self._add_worker(crew)
             else:
-                with trio.move_on_at(wake):
+                with anyio.CancelScope(deadline=wake):
                     await crew.done.wait()
 
     async def _worker(self, todo: collections.deque[PlannedCall], slot: _Slot) -> None:
         running_on = _RUNNING_ON.set(_Holder(self._limiter))  # the slot a handler run here holds
         try:
             while True:
-                with trio.CancelScope() as scope:
+                with anyio.CancelScope() as scope:
                     slot.scope = scope
                     while todo:
                         await self._run_call(todo.popleft(), slot)
@@ -311,7 +321,7 @@ class Executor:
 
     async def _run_call(self, planned: PlannedCall, slot: _Slot) -> None:
         index = planned.index
-        if self._deadline is not None and trio.current_time() >= self._deadline:
+        if self._deadline is not None and self._now() >= self._deadline:
             self.results[index] = failure_result(
                 planned.call_id,
                 planned.name,
@@ -379,7 +389,7 @@ class Executor:
             borrower = object()
             try:
                 limiter.acquire_on_behalf_of_nowait(borrower)
-            except trio.WouldBlock:
+            except anyio.WouldBlock:
                 await limiter.acquire_on_behalf_of(borrower)
         # a sync call's slot is given back by its thread (it may outlive a timeout)
         release = borrower is not None and (self._runner is not None or tool.is_async)
@@ -395,11 +405,11 @@ class Executor:
                     t0,
                     timeout,
                 )
-                slot.deadline = trio.current_time() + timeout
+                slot.deadline = self._now() + timeout
                 value = await self._start(planned, ctx, args, borrower)
                 slot.idle()
             else:
-                with trio.move_on_after(timeout) as scope:
+                with anyio.move_on_after(timeout) as scope:
                     value = await self._start(planned, ctx, args, borrower)
                 if scope.cancelled_caught:
                     return self._timed_out(planned, timeout, started, t0)
@@ -469,7 +479,7 @@ class Executor:
         call is reported at once, but the thread keeps its limiter slot until it returns.
         `borrower` None: the slot is a calling handler's, not this call's to give back."""
         limiter = self._limiter
-        token = trio.lowlevel.current_trio_token()
+        token = anyio.lowlevel.current_token()
 
         def job() -> Any:
             try:
@@ -480,16 +490,16 @@ class Executor:
                     give_back = state.abandoned
                 if give_back and borrower is not None:
                     # if the loop is gone, its limiter went with it
-                    with contextlib.suppress(trio.RunFinishedError):
-                        trio.from_thread.run_sync(limiter.release_on_behalf_of, borrower, trio_token=token)
+                    with contextlib.suppress(anyio.RunFinishedError, RuntimeError):
+                        anyio.from_thread.run_sync(limiter.release_on_behalf_of, borrower, token=token)
 
         try:
             # A call on a slot of its own is reported at its timeout and the thread gives the
             # slot back when it returns. A nested call (borrower None) runs on its caller's
             # slot, which the caller frees when it returns: it is not abandoned, so its
             # timeout cannot cut it short, and it is reported as it ends.
-            value = await trio.to_thread.run_sync(
-                job, abandon_on_cancel=borrower is not None, limiter=_UNLIMITED
+            value = await anyio.to_thread.run_sync(
+                job, abandon_on_cancel=borrower is not None, limiter=self._thread_limiter
             )
         except BaseException:
             with state.lock:
@@ -507,13 +517,13 @@ class Executor:
 class _Holder:
     """A worker's slot of `limiter`, which the handler it runs may lend to its own dispatches."""
 
-    limiter: trio.CapacityLimiter
-    _lock: trio.Lock | None = None
+    limiter: anyio.CapacityLimiter
+    _lock: anyio.Lock | None = None
 
-    def lock(self) -> trio.Lock:
+    def lock(self) -> anyio.Lock:
         """Taken by each dispatch on this slot, so they run one at a time (made when first needed)."""
         if self._lock is None:
-            self._lock = trio.Lock()
+            self._lock = anyio.Lock()
         return self._lock
 
 
@@ -521,6 +531,3 @@ _RUNNING_ON: contextvars.ContextVar[_Holder | None] = contextvars.ContextVar(
     "threepass_running_on", default=None
 )
 """The slot the current task's handler holds, if any (see `Executor.run`)."""
-
-# The dispatcher's own limiter bounds sync calls too; trio's thread limiter must not add a second bound.
-_UNLIMITED = trio.CapacityLimiter(math.inf)

@@ -1,11 +1,14 @@
 """Pass 1, pre-flight: decide every call of a batch before anything runs.
 
-Synchronous and sans-IO: the planner reads the registry, the session's bookkeeping
-and a result cache handed to it, and returns attrs values. It never touches trio,
-the disk or the clock; the two awaited steps of pass 1 (rewriters and the gate) are
-driven by the session between the planner's synchronous halves:
+Synchronous and sans-IO: the planner reads the registry and the session's bookkeeping
+and returns values. It never touches the event loop, a store, the disk or the clock;
+what pass 1 awaits (rewriters, the result store, the gates) the session awaits between
+the planner's synchronous pieces:
 
-    parse -> [rewriters] -> resolve -> [gates] -> apply decisions -> finish
+    parse -> [rewriters] -> lookups -> [store.get_many] -> resolve -> [gates] -> finish
+
+`lookups` says which cache keys the batch wants; the session hands the store's answer
+to `resolve`.
 
 A call's life is a small table (`_NEXT`): a step taken out of order raises.
 Each step below is numbered as in DESIGN.md.
@@ -23,10 +26,11 @@ from typing import Any, NamedTuple
 import attrs
 import xxhash
 
-from cache import CacheEntry, ResultCache, carries_credentials, resources_overlap
-
+from ._credentials import carries_credentials
+from ._policy import resources_overlap
 from ._registry import RegisteredTool, Registry
 from ._results import describe, failure_result, safe_text, shown
+from ._seams import CacheEntry
 from ._types import Allow, Deny, Status, ToolCall, ToolResult
 
 __all__ = [
@@ -272,7 +276,7 @@ class Planner:
         registry: Registry,
         core: Registry,
         state: PlannerState,
-        cache: ResultCache | None,
+        has_cache: bool,
         session_id: str,
         mode: str,
         all_loaded: bool,
@@ -282,7 +286,8 @@ class Planner:
         self._registry = registry
         self._core = core
         self._state = state
-        self._cache = cache
+        self._has_cache = has_cache
+        self._keyed: list[Draft] = []
         self._session_id = session_id
         self._mode = mode
         self._all_loaded = all_loaded
@@ -409,8 +414,11 @@ class Planner:
 
     # -- 4..7: existence, deferred schemas, dedupe and cache, validation -----------
 
-    def resolve(self, drafts: list[Draft]) -> None:
-        keyed: list[Draft] = []
+    def lookups(self, drafts: list[Draft]) -> list[str]:
+        """Steps 4 and 5, and the keys of step 6: find each tool, answer deferred schemas,
+        key the arguments. Returns the result-cache keys `resolve` may need, each once: the
+        session asks the store for all of them in one `get_many`."""
+        keyed = self._keyed = []
         for d in drafts:
             if d.step != "parsed":
                 continue
@@ -420,7 +428,25 @@ class Planner:
             d.entry = entry
             if self._key(d, entry):
                 keyed.append(d)
-        cached = self._prefetch(keyed)
+        if not self._has_cache:
+            return []
+        dedupe = self._state.dedupe
+        # a call remembered in this run is served from memory, unless a write of this batch
+        # touches what it read: then the cache is asked after all
+        any_writes = any(d.writes for d in keyed)
+        return list(
+            dict.fromkeys(
+                d.cache_key
+                for d in keyed
+                if d.cache_key is not None and not d.force and (any_writes or d.key not in dedupe)
+            )
+        )
+
+    def resolve(self, drafts: list[Draft], cached: Mapping[str, CacheEntry]) -> None:
+        """Steps 6 and 7 for the calls `lookups` keyed: dedupe (in the batch and in the run),
+        the result cache (`cached`: the store's live entries among the keys asked), schema
+        validation, and whether the gate must be asked."""
+        keyed = self._keyed
         leaders: dict[str, Draft] = {}
         pending_writes: list[str] = []
         for d in keyed:
@@ -551,7 +577,7 @@ class Planner:
             policy = tool.cache
             d.cacheable = bool(
                 policy is not None
-                and self._cache is not None
+                and self._has_cache
                 and not d.writes
                 and (policy.when is None or policy.when(args))
                 and not carries_credentials(args)
@@ -565,48 +591,16 @@ class Planner:
                 else xxhash.xxh3_128_hexdigest(f"{d.key}\x00{self._session_id}".encode())
             )
 
-    def _prefetch(self, keyed: Sequence[Draft]) -> Mapping[str, CacheEntry | None]:
-        """The result cache's answer for every cache key pass 1 is likely to look up, asked
-        in one `get_many` (one query to a disk store, not one per call): the first call of
-        each key that is neither forced nor remembered in this run. None: a miss."""
-        if self._cache is None:
-            return {}
-        dedupe = self._state.dedupe
-        wanted = list(
-            dict.fromkeys(
-                d.cache_key for d in keyed if d.cache_key is not None and not d.force and d.key not in dedupe
-            )
-        )
-        if not wanted:
-            return {}
-        found: dict[str, CacheEntry | None] = dict.fromkeys(wanted)
-        try:
-            found.update(self._cache.get_many(wanted))
-        except Exception:  # a store's fault must never fail a call: it is a miss
-            log.warning(
-                "result cache lookup failed for %d key(s); treated as misses", len(wanted), exc_info=True
-            )
-        return found
-
-    def _cache_get(self, key: str) -> CacheEntry | None:
-        assert self._cache is not None
-        try:
-            return self._cache.get(key)
-        except Exception:  # a store's fault must never fail a call: it is a miss
-            log.warning("result cache lookup failed; treated as a miss", exc_info=True)
-            return None
-
     def _lookup_earlier(
-        self, d: Draft, pending_writes: list[str], cached: Mapping[str, CacheEntry | None]
+        self, d: Draft, pending_writes: list[str], cached: Mapping[str, CacheEntry]
     ) -> bool:
         """A success earlier in this run, or in the result cache -> decided, nothing runs."""
         found = self._state.dedupe.get(d.key or "")
         if found is not None and not (pending_writes and resources_overlap(found.reads, pending_writes)):
             d.decide(_served_again(found.result, d.call_id))
             return True
-        if d.cache_key is not None and self._cache is not None:
-            key = d.cache_key
-            hit = cached[key] if key in cached else self._cache_get(key)
+        if d.cache_key is not None:
+            hit = cached.get(d.cache_key)
             if hit is not None and not isinstance(hit, CacheEntry):
                 log.warning("result cache returned %s, not a CacheEntry; treated as a miss", shown(hit))
                 hit = None

@@ -16,9 +16,8 @@ import attrs
 import jsonschema
 import xxhash
 
-from cache import CachePolicy
-
 from ._exceptions import ToolDefinitionError, UnknownTool
+from ._policy import CachePolicy
 
 __all__ = ["Registry", "RegisteredTool", "Tool", "Handler", "ResourceFn", "ArgsPredicate"]
 

@@ -1,8 +1,10 @@
 """`Session`: one conversation's state, and `dispatch`, which drives the three passes.
 
-The session owns what pass 1 reads and pass 3 writes (loaded schemas, the run's dedupe
-map, spent approvals, histories) and does the awaiting pass 1 cannot: rewriters and
-gates. Pass 2 is the executor's. Events and the recording are written after commit.
+The session owns what pass 1 reads and pass 3 changes (loaded schemas, the run's dedupe
+map, spent approvals, histories) and does every await the pure passes cannot: the
+rewriters, the result store's lookup, the gates; pass 2 is the executor's; then it
+applies what pass 3 returns (the store's writes and the recording off the event loop),
+and delivers the events.
 """
 
 from __future__ import annotations
@@ -13,17 +15,19 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.to_thread
 import attrs
-import trio
 
-from ._commit import commit
+from ._commit import CommitEffects, commit, land
 from ._exceptions import DispatchInterrupted
 from ._execute import Executor, ToolRunner, _maybe_await
 from ._history import DEFAULT_HISTORY_LIMIT, History
-from ._plan import FIND_TOOLS, RUN_TOOL, Draft, PlannedCall, Planner, PlannerState
+from ._plan import FIND_TOOLS, RUN_TOOL, Draft, Plan, PlannedCall, Planner, PlannerState
 from ._providers import tool_entry
 from ._registry import Tool
 from ._results import describe, shown
+from ._seams import CacheEntry
 from ._types import (
     Allow,
     Decision,
@@ -95,14 +99,15 @@ class Session:
         self._extra_core = tuple(core)
         self.recorder = recorder
         self._executed = 0
-        self._one_batch = trio.Lock()
+        self._one_batch = anyio.Lock()
         self._ids = itertools.count(1)
         self.new_run()
 
     # -- runs and schemas ------------------------------------------------------------
 
     def new_run(self, deadline: float | None = None) -> None:
-        """Start the next user turn: dedupe starts empty; `deadline` is in trio time."""
+        """Start the next user turn: dedupe starts empty; `deadline` is in the loop's clock
+        (`anyio.current_time()`)."""
         self._run_id += 1
         self._round = 0
         self._deadline = deadline
@@ -202,17 +207,14 @@ class Session:
         return await self._dispatch(calls, decisions=decisions, all_loaded=False)
 
     def _context(self, call_id: str, name: str) -> ToolContext:
-        return ToolContext(
-            call_id=call_id,
-            tool_name=name,
-            session=self,
-            run_id=self._run_id,
-            round=self._round,
-            deadline=self._deadline,
-        )
+        return ToolContext(call_id, name, self._run_id, self._round, self._deadline, self)
 
     def _planned_context(self, planned: PlannedCall) -> ToolContext:
-        return ToolContext(planned.call_id, planned.name, self, self._run_id, self._round, self._deadline)
+        return ToolContext(planned.call_id, planned.name, self._run_id, self._round, self._deadline, self)
+
+    async def invoke(self, name: str, args: Mapping[str, Any] | None = None) -> ToolResult:
+        """`Dispatcher.invoke` in this session (what `ToolContext.invoke` calls)."""
+        return await self.dispatcher.invoke(name, args, session=self)
 
     async def _dispatch(
         self,
@@ -233,7 +235,7 @@ class Session:
         lock = self._one_batch
         try:
             lock.acquire_nowait()  # no scheduler round trip when the session is free
-        except trio.WouldBlock:
+        except anyio.WouldBlock:
             await lock.acquire()
         token = _INSIDE.set(inside | {self})
         try:
@@ -252,13 +254,15 @@ class Session:
     ) -> list[ToolResult]:
         calls = list(calls)  # once: the planner and the recording read the same calls
         d = self.dispatcher
+        bound = d._bind()
         self._round += 1
         self._rounds_total += 1
+        store = d.cache
         planner = Planner(
             registry=d.registry,
             core=d.core_registry,
             state=self._planner_state,
-            cache=d.cache,
+            has_cache=store is not None,
             session_id=self.id,
             mode=self.mode,
             all_loaded=all_loaded,
@@ -268,11 +272,14 @@ class Session:
         drafts = planner.parse(calls)
         if d.rewriters:
             await self._rewrite(planner, drafts)
-        planner.resolve(drafts)
+        wanted = planner.lookups(drafts)
+        found: Mapping[str, CacheEntry] = await self._look_up(wanted) if wanted else {}
+        planner.resolve(drafts, found)
         gate_decisions = await self._gate(planner, drafts, decisions, gate or d.gate)
         plan = planner.finish(drafts)
         executor = Executor(
             limiter=d.limiter,
+            thread_limiter=bound.thread_limiter,
             default_timeout=d.timeout,
             deadline=self._deadline,
             hooks=d.hook_set,
@@ -284,39 +291,102 @@ class Session:
         try:
             await executor.run(plan)
         finally:
-            outcome = commit(
+            effects = commit(
                 plan,
                 executor.results,
                 started=executor.started,
-                state=self._planner_state,
-                cache=d.cache,
-                history=self.history,
+                has_cache=store is not None,
                 run_id=self._run_id,
                 round=self._round,
                 session_id=self.id,
                 want_events=want_events,
             )
             self._executed += len(executor.started)
-            if self.recorder is not None:
-                self.recorder.record_batch(
-                    run_id=self._run_id,
-                    round=self._round,
-                    calls=calls,
-                    plan=plan,
-                    results=outcome.results,
-                    decisions=gate_decisions,
-                    control=executor.control.first(),
-                    all_loaded=all_loaded,
-                )
+            land(effects, self._planner_state, self.history, run_id=self._run_id, round=self._round)
+            if (store is not None and (effects.invalidations or effects.cache_writes)) or (
+                self.recorder is not None
+            ):
+                # shielded: a batch cut short by cancellation still lands what finished
+                with anyio.CancelScope(shield=True):
+                    await self._write_out(effects, calls, plan, gate_decisions, executor, all_loaded)
         if want_events:
-            await self._deliver(outcome.events)
+            await self._deliver(effects.events)
         control = executor.control.first()
         if control is not None:
             raise control
-        results = [r for r in outcome.results if r is not None]
+        results = [r for r in effects.results if r is not None]
         if len(results) != len(plan.calls):  # pragma: no cover - a broken invariant, never papered over
             raise RuntimeError(f"{len(plan.calls)} calls produced {len(results)} results")
         return results
+
+    async def _look_up(self, keys: Sequence[str]) -> Mapping[str, CacheEntry]:
+        """The store's live entries among `keys`; a store's fault is a miss, never a failure."""
+        store = self.dispatcher.cache
+        assert store is not None
+        try:
+            found = await store.get_many(keys)
+        except Exception:
+            log.warning(
+                "result cache lookup failed for %d key(s); treated as misses", len(keys), exc_info=True
+            )
+            return {}
+        if not isinstance(found, Mapping):
+            log.warning("result cache returned %s, not a mapping; treated as misses", shown(found))
+            return {}
+        good: dict[str, CacheEntry] = {}
+        for key, hit in found.items():
+            if isinstance(hit, CacheEntry):
+                good[key] = hit
+            elif hit is not None:
+                log.warning("result cache returned %s, not a CacheEntry; treated as a miss", shown(hit))
+        return good
+
+    async def _write_out(
+        self,
+        effects: CommitEffects,
+        calls: list[Any],
+        plan: Plan,
+        decisions: Mapping[str, Decision],
+        executor: Executor,
+        all_loaded: bool,
+    ) -> None:
+        """The effects that leave the process: the store's invalidations, then its writes,
+        then the recording, in a worker thread. A store's fault is logged, never raised."""
+        store = self.dispatcher.cache
+        if store is not None:
+            if effects.invalidations:
+                try:
+                    await store.invalidate(effects.invalidations)
+                except Exception:
+                    log.warning(
+                        "result cache invalidation failed for %s",
+                        sorted(effects.invalidations),
+                        exc_info=True,
+                    )
+            if effects.cache_writes:
+                try:
+                    await store.set_many(effects.cache_writes)
+                except Exception:
+                    log.warning(
+                        "result cache write failed for %d entries", len(effects.cache_writes), exc_info=True
+                    )
+        recorder = self.recorder
+        if recorder is not None:
+            results = effects.results
+            control = executor.control.first()
+            run_id, round_ = self._run_id, self._round
+            await anyio.to_thread.run_sync(
+                lambda: recorder.record_batch(
+                    run_id=run_id,
+                    round=round_,
+                    calls=calls,
+                    plan=plan,
+                    results=results,
+                    decisions=decisions,
+                    control=control,
+                    all_loaded=all_loaded,
+                )
+            )
 
     async def _rewrite(self, planner: Planner, drafts: list[Draft]) -> None:
         """Symfonic's chain: registration order, None passes, a malformed return or a raise is

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import attrs
 
 if TYPE_CHECKING:
-    from ._dispatcher import Dispatcher
-    from ._session import Session
+    from ._registry import Tool
 
 __all__ = [
     "Allow",
@@ -27,6 +26,7 @@ __all__ = [
     "Status",
     "ToolCall",
     "ToolCallDispatchEvent",
+    "ContextHost",
     "ToolContext",
     "ToolResult",
     "ToolResultEvent",
@@ -200,36 +200,66 @@ class Interrupt:
 Decision = Allow | Deny | Interrupt
 
 
+class ContextHost(Protocol):
+    """What a `ToolContext` reads from the session it serves (a Session is one)."""
+
+    id: str
+    state: dict[str, Any]
+
+    @property
+    def history(self) -> Sequence[HistoryEntry]: ...
+
+    def load_tools(self, names: Iterable[str]) -> list[str]: ...
+
+    def searchable_tools(self) -> list[Tool]: ...
+
+    async def invoke(self, name: str, args: Mapping[str, Any] | None = None) -> ToolResult: ...
+
+
 @attrs.frozen
 class ToolContext:
-    """What a handler, gate or hook may know about the call it serves."""
+    """What a handler, gate or hook may know about the call it serves, and the few things
+    it may do in its session: read the history, load schemas, invoke another tool.
+    It carries no Session or Dispatcher: tools depend on this, not on the kernel's objects."""
 
     call_id: str
     tool_name: str
-    session: Session
     run_id: int
     round: int
     deadline: float | None = None
-
-    @property
-    def dispatcher(self) -> Dispatcher:
-        return self.session.dispatcher
+    _host: ContextHost | None = attrs.field(default=None, repr=False, eq=False, alias="host")
 
     @property
     def session_id(self) -> str:
-        """The id of the session the call belongs to."""
-        return str(self.session.id)
+        """The id of the session the call belongs to ("" outside one)."""
+        return "" if self._host is None else str(self._host.id)
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The session's scratch space (todo list, whatever tools keep)."""
+        if self._host is None:
+            raise RuntimeError(f"call {self.call_id!r} has no session, so no session state")
+        return self._host.state
 
     @property
     def history(self) -> Sequence[HistoryEntry]:
         """The session's committed calls, oldest first (read-only)."""
-        history: Sequence[HistoryEntry] = self.session.history
-        return history
+        return () if self._host is None else self._host.history
 
-    @property
-    def state(self) -> dict[str, Any]:
-        """The session's scratch space (todo list, approvals, whatever tools keep)."""
-        return self.session.state
+    def load_tools(self, names: Iterable[str]) -> list[str]:
+        """Mark tools as loaded in the session (their schemas are known); the known ones."""
+        return [] if self._host is None else self._host.load_tools(names)
+
+    def searchable_tools(self) -> list[Tool]:
+        """What `find_tools` searches: the session's registry."""
+        return [] if self._host is None else self._host.searchable_tools()
+
+    async def invoke(self, name: str, args: Mapping[str, Any] | None = None) -> ToolResult:
+        """Call another tool from this handler, in the same session, through the same three
+        passes. It runs on this handler's limiter slot, so it never deadlocks at the limit."""
+        if self._host is None:
+            raise RuntimeError(f"call {self.call_id!r} has no session to invoke {name!r} in")
+        return await self._host.invoke(name, args)
 
 
 @attrs.frozen

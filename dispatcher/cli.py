@@ -199,10 +199,10 @@ def _cache(args: argparse.Namespace, out: TextIO) -> int:
 
     store = DiskResultCache(args.dir)
     if args.action == "clear":
-        store.clear()
+        store.clear_sync()
         out.write(f"cleared {store.directory}\n")
         return 0
-    stats = store.statistics()
+    stats = store.statistics_sync()
     out.write(f"cache {store.directory}: {stats.entries} entries\n")
     return 0
 

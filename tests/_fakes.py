@@ -6,9 +6,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import attrs
-import trio
-import trio.lowlevel
 
 from dispatcher import Registry, Tool, ToolCall, ToolContext
 
@@ -17,24 +17,28 @@ PATH_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "re
 
 
 class FakeSession:
-    """The few session attributes a handler may touch, for calling a handler directly."""
+    """What a ToolContext reads from its session, for calling a handler directly."""
 
     def __init__(self, session_id: str = "s1") -> None:
         self.id = session_id
         self.state: dict[str, Any] = {}
         self.history: list[Any] = []
-        self.dispatcher = None
+        self.loaded: list[str] = []
+
+    def load_tools(self, names: Any) -> list[str]:
+        self.loaded.extend(names)
+        return list(names)
+
+    def searchable_tools(self) -> list[Tool]:
+        return []
+
+    async def invoke(self, name: str, args: Mapping[str, Any] | None = None) -> Any:
+        raise RuntimeError(f"a FakeSession cannot invoke {name!r}")
 
 
 def tool_context(name: str, session: FakeSession | None = None, call_id: str = "call_1") -> ToolContext:
     """A ToolContext for calling the handler of tool `name` directly (run 1, round 1)."""
-    return ToolContext(
-        call_id=call_id,
-        tool_name=name,
-        session=session or FakeSession(),  # type: ignore[arg-type]  # the fake stands in for a Session
-        run_id=1,
-        round=1,
-    )
+    return ToolContext(call_id, name, 1, 1, None, session or FakeSession())
 
 
 def done(args: Mapping[str, Any], ctx: Any) -> str:
@@ -88,14 +92,14 @@ def fake_registry(counter: Counter, files: dict[str, str] | None = None) -> Regi
 
     async def echo(args: Mapping[str, Any], ctx: Any) -> str:
         counter.enter("echo", args["text"])
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         counter.leave()
         return str(args["text"])
 
     async def nap(args: Mapping[str, Any], ctx: Any) -> str:
         counter.enter("nap", str(args["ms"]))
         try:
-            await trio.sleep(args["ms"] / 1000)
+            await anyio.sleep(args["ms"] / 1000)
         finally:
             counter.leave()
         return f"slept {args['ms']}"
@@ -105,20 +109,20 @@ def fake_registry(counter: Counter, files: dict[str, str] | None = None) -> Regi
         counter.serial_in_flight += 1
         if counter.serial_in_flight > 1:
             counter.serial_overlap = True
-        await trio.sleep(0.01)
+        await anyio.sleep(0.01)
         counter.serial_in_flight -= 1
         counter.leave()
         return args["text"]
 
     async def read(args: Mapping[str, Any], ctx: Any) -> str:
         counter.enter("read", args["path"])
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         counter.leave()
         return files.get(args["path"], "<missing>")
 
     async def edit(args: Mapping[str, Any], ctx: Any) -> str:
         counter.enter("edit", args["path"])
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         files[args["path"]] = args["text"]
         counter.leave()
         return "edited"

@@ -146,5 +146,5 @@ def test_calculate_tool_renders_and_is_concurrent(tmp_path: Path) -> None:
     """The tool returns `expression = value`, runs concurrently and declares no writes."""
     tool = default_registry(tmp_path, include=["calculate"]).get("calculate")
     assert tool.concurrent is True and tool.writes is None and tool.confirm is False
-    ctx = ToolContext(call_id="c1", tool_name="calculate", session=None, run_id=1, round=1)  # type: ignore[arg-type]
+    ctx = ToolContext(call_id="c1", tool_name="calculate", run_id=1, round=1)
     assert tool.handler({"expression": " 0.1 + 0.2 "}, ctx) == "0.1 + 0.2 = 0.30000000000000004"

@@ -6,8 +6,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import pytest
-import trio
 
 from builtin_tools import core_tool_names, default_registry
 from builtin_tools._workspace import Workspace
@@ -32,7 +33,7 @@ def meta(ws: Path) -> MetaTools:
 
 
 async def _call(meta: MetaTools, name: str, session: FakeSession, **args: Any) -> str:
-    with trio.fail_after(5):
+    with anyio.fail_after(5):
         return str(await getattr(meta, name)(args, tool_context(name, session)))
 
 
@@ -133,7 +134,7 @@ async def test_reasoning_guide_explains_the_core_tools(meta: MetaTools) -> None:
 
 
 async def test_ask_user_uses_a_sync_callable_in_a_worker_thread(meta: MetaTools) -> None:
-    """A sync callable in the session state answers, off the trio thread."""
+    """A sync callable in the session state answers, off the event loop thread."""
     session = FakeSession()
     seen: list[Any] = []
 
@@ -151,7 +152,7 @@ async def test_ask_user_uses_an_async_callable_with_options(meta: MetaTools) -> 
     session = FakeSession()
 
     async def ask(question: str, options: list[str]) -> str:
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         return f"{question} -> {options[-1]}"
 
     session.state["ask_user"] = ask

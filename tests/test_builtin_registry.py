@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
-import trio
+import trio  # noqa: F401  # run_command still runs processes through trio: trio only, for now
 
 import builtin_tools
 from builtin_tools import GROUPS, core_tool_names, default_registry
@@ -90,7 +91,7 @@ async def test_a_read_after_an_edit_in_one_batch_sees_the_edit(ws: Path) -> None
     """read, edit, read in one message: the first read sees the old text, the second the new."""
     (ws / "a.txt").write_text("old\n")
     s = _session(ws)
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         results = await s.dispatch(
             [
                 _call("c1", "read_files", paths=["a.txt"]),
@@ -108,7 +109,7 @@ async def test_repeated_reads_are_deduped_until_a_write(ws: Path) -> None:
     """A repeated read in one run is answered from the first; a write to it makes it run again."""
     (ws / "a.txt").write_text("one\n")
     s = _session(ws)
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         first = await s.dispatch([_call("c1", "read_files", paths=["a.txt"])])
         again = await s.dispatch([_call("c2", "read_files", paths=["a.txt"])])
         await s.dispatch([_call("c3", "run_command", command="echo two > a.txt")])
@@ -127,7 +128,7 @@ async def test_only_commands_that_may_write_reach_the_gate(ws: Path) -> None:
 
     (ws / "keep.txt").write_text("k")
     s = _session(ws, gate=gate)
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         results = await s.dispatch(
             [_call("c1", "run_command", command="ls"), _call("c2", "run_command", command="rm keep.txt")]
         )
@@ -141,7 +142,7 @@ async def test_ask_user_interrupts_the_dispatch_and_resumes_with_the_answer(ws: 
     """With no way to ask, ask_user stops the batch; the answer given afterwards is returned."""
     s = _session(ws)
     call = _call("q1", "ask_user", question="Which branch?")
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         with pytest.raises(DispatchInterrupted) as info:
             await s.dispatch([call])
         [(pending, reason, payload)] = info.value.pending
@@ -154,7 +155,7 @@ async def test_ask_user_interrupts_the_dispatch_and_resumes_with_the_answer(ws: 
 async def test_chat_history_is_never_answered_from_an_earlier_call(ws: Path) -> None:
     """A second chat_history in the same run runs again and sees the calls made since."""
     s = _session(ws)
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         await s.dispatch([_call("c1", "calculate", expression="1 + 1")])
         first = await s.dispatch([_call("c2", "chat_history")])
         await s.dispatch([_call("c3", "calculate", expression="2 + 2")])

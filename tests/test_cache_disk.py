@@ -10,7 +10,9 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import diskcache
@@ -23,6 +25,7 @@ import cache
 from cache import (
     CacheEntry,
     CacheStatistics,
+    CacheWrite,
     DiskResultCache,
     MemoryResultCache,
     ResultCache,
@@ -81,64 +84,64 @@ def test_is_a_result_cache(disk: DiskResultCache, folder: Path) -> None:
 
 def test_set_then_get_returns_the_entry(disk: DiskResultCache, clock: FakeClock) -> None:
     """What was set comes back whole: content, reads and the time it was stored."""
-    disk.set("k1", "hello", ttl=60, reads=["file:/w/a.txt", "url:https://e.com/"])
-    assert disk.get("k1") == CacheEntry(
+    disk.set_sync("k1", "hello", ttl=60, reads=["file:/w/a.txt", "url:https://e.com/"])
+    assert disk.get_sync("k1") == CacheEntry(
         "hello", frozenset({"file:/w/a.txt", "url:https://e.com/"}), clock.now
     )
 
 
 def test_missing_key_is_a_miss(disk: DiskResultCache) -> None:
     """A key never set is None and counts one miss."""
-    assert disk.get("nothing") is None
-    assert disk.statistics().misses == 1
+    assert disk.get_sync("nothing") is None
+    assert disk.statistics_sync().misses == 1
 
 
 def test_entries_outlive_the_object(folder: Path, clock: FakeClock) -> None:
     """An entry written by one DiskResultCache is served by a later one on the same folder."""
     with DiskResultCache(folder, clock=clock) as first:
-        first.set("k", "kept", ttl=60)
-    assert DiskResultCache(folder, clock=clock).get("k") == CacheEntry("kept", frozenset(), clock.now)
+        first.set_sync("k", "kept", ttl=60)
+    assert DiskResultCache(folder, clock=clock).get_sync("k") == CacheEntry("kept", frozenset(), clock.now)
 
 
 def test_any_text_roundtrips(disk: DiskResultCache) -> None:
     """Non-ASCII content and resources, even lone surrogates from undecodable paths, survive."""
     odd = "caf\u00e9 \u4e2d\u6587 \U0001f600 \udcff"
-    disk.set("k", odd, ttl=60, reads=["file:/w/caf\udce9"])
-    entry = disk.get("k")
+    disk.set_sync("k", odd, ttl=60, reads=["file:/w/caf\udce9"])
+    entry = disk.get_sync("k")
     assert entry is not None
     assert entry.content == odd
     assert entry.reads == {"file:/w/caf\udce9"}
-    assert disk.invalidate(["file:/w"]) == 1
+    assert disk.invalidate_sync(["file:/w"]) == 1
 
 
 def test_large_content_roundtrips_and_is_invalidated(disk: DiskResultCache, folder: Path) -> None:
     """Content stored in a file beside the database reads back whole and goes on invalidation."""
     big = "x" * 100_000 + "end"
-    disk.set("big", big, ttl=60, reads=["url:https://e.com/page"])
+    disk.set_sync("big", big, ttl=60, reads=["url:https://e.com/page"])
     assert any(p.suffix == ".val" for p in folder.rglob("*"))
-    entry = disk.get("big")
+    entry = disk.get_sync("big")
     assert entry is not None and entry.content == big
-    assert disk.invalidate(["url:https://e.com/page"]) == 1
-    assert disk.get("big") is None
+    assert disk.invalidate_sync(["url:https://e.com/page"]) == 1
+    assert disk.get_sync("big") is None
     assert not any(p.suffix == ".val" for p in folder.rglob("*"))
 
 
 def test_overwrite_replaces_content_and_reads(disk: DiskResultCache, folder: Path) -> None:
     """Setting a key again replaces its content and forgets what the old value read."""
-    disk.set("k", "old", ttl=60, reads=["file:/w/old"])
-    disk.set("k", "new", ttl=60, reads=["file:/w/new"])
+    disk.set_sync("k", "old", ttl=60, reads=["file:/w/old"])
+    disk.set_sync("k", "new", ttl=60, reads=["file:/w/new"])
     assert index_rows(folder) == [(b"file:/w/new", "k")]
-    assert disk.invalidate(["file:/w/old"]) == 0
-    entry = disk.get("k")
+    assert disk.invalidate_sync(["file:/w/old"]) == 0
+    entry = disk.get_sync("k")
     assert entry is not None and entry.content == "new"
-    assert disk.invalidate(["file:/w/new"]) == 1
+    assert disk.invalidate_sync(["file:/w/new"]) == 1
 
 
 def test_non_positive_ttl_stores_nothing(disk: DiskResultCache) -> None:
     """An entry that would be born expired is not written."""
-    disk.set("k", "v", ttl=0)
-    assert disk.get("k") is None
-    assert disk.statistics().writes == 0
+    disk.set_sync("k", "v", ttl=0)
+    assert disk.get_sync("k") is None
+    assert disk.statistics_sync().writes == 0
 
 
 # --- expiry -------------------------------------------------------------------------------
@@ -146,21 +149,21 @@ def test_non_positive_ttl_stores_nothing(disk: DiskResultCache) -> None:
 
 def test_entry_expires_by_the_injected_clock(disk: DiskResultCache, clock: FakeClock) -> None:
     """An entry is served until its ttl has passed on the injected clock, then is an expired miss."""
-    disk.set("k", "v", ttl=1800, reads=["url:https://e.com"])
+    disk.set_sync("k", "v", ttl=1800, reads=["url:https://e.com"])
     clock.now += 1799.5
-    assert disk.get("k") is not None
+    assert disk.get_sync("k") is not None
     clock.now += 0.5
-    assert disk.get("k") is None
-    stats = disk.statistics()
+    assert disk.get_sync("k") is None
+    stats = disk.statistics_sync()
     assert (stats.hits, stats.misses, stats.expired) == (1, 1, 1)
 
 
 def test_a_fresh_write_after_expiry_is_served(disk: DiskResultCache, clock: FakeClock) -> None:
     """Rewriting an expired key starts a new lifetime from the clock's current time."""
-    disk.set("k", "first", ttl=10)
+    disk.set_sync("k", "first", ttl=10)
     clock.now += 20
-    disk.set("k", "second", ttl=10)
-    assert disk.get("k") == CacheEntry("second", frozenset(), clock.now)
+    disk.set_sync("k", "second", ttl=10)
+    assert disk.get_sync("k") == CacheEntry("second", frozenset(), clock.now)
 
 
 # --- invalidation -------------------------------------------------------------------------
@@ -191,38 +194,38 @@ def test_invalidation_follows_resources_overlap(
     """A write drops an entry exactly when resources_overlap says its reads overlap the write."""
     reads = ["file:/w/a/b.txt"]
     assert resources_overlap(reads, written) is dropped
-    disk.set("k", "v", ttl=60, reads=reads)
-    disk.set("unrelated", "v", ttl=60, reads=["url:https://elsewhere/x"])
-    assert disk.invalidate(written) == int(dropped)
-    assert (disk.get("k") is None) is dropped
-    assert disk.get("unrelated") is not None
+    disk.set_sync("k", "v", ttl=60, reads=reads)
+    disk.set_sync("unrelated", "v", ttl=60, reads=["url:https://elsewhere/x"])
+    assert disk.invalidate_sync(written) == int(dropped)
+    assert (disk.get_sync("k") is None) is dropped
+    assert disk.get_sync("unrelated") is not None
 
 
 @pytest.mark.parametrize("neighbour", ["file:/w/a0", "file:/w/a.b", "file:/w/a-", "file:/w/ab/c"])
 def test_names_that_sort_beside_a_folder_are_not_in_it(disk: DiskResultCache, neighbour: str) -> None:
     """Invalidating file:/w/a spares entries that read file:/w/a0, file:/w/a.b and the like."""
     assert not resources_overlap([neighbour], ["file:/w/a"])
-    disk.set("k", "v", ttl=60, reads=[neighbour])
-    disk.set("inside", "v", ttl=60, reads=["file:/w/a/z"])
-    assert disk.invalidate(["file:/w/a"]) == 1
-    assert disk.get("k") is not None
-    assert disk.get("inside") is None
+    disk.set_sync("k", "v", ttl=60, reads=[neighbour])
+    disk.set_sync("inside", "v", ttl=60, reads=["file:/w/a/z"])
+    assert disk.invalidate_sync(["file:/w/a"]) == 1
+    assert disk.get_sync("k") is not None
+    assert disk.get_sync("inside") is None
 
 
 def test_entry_that_read_a_folder_goes_when_a_file_in_it_changes(disk: DiskResultCache) -> None:
     """A listing of file:/w is dropped by a write to file:/w/sub/new.txt."""
-    disk.set("listing", "a.txt\nsub/", ttl=60, reads=["file:/w/"])
-    assert disk.invalidate(["file:/w/sub/new.txt"]) == 1
-    assert disk.get("listing") is None
+    disk.set_sync("listing", "a.txt\nsub/", ttl=60, reads=["file:/w/"])
+    assert disk.invalidate_sync(["file:/w/sub/new.txt"]) == 1
+    assert disk.get_sync("listing") is None
 
 
 def test_invalidate_counts_each_entry_once(disk: DiskResultCache, folder: Path) -> None:
     """An entry matched by several written resources is dropped and counted once."""
-    disk.set("two", "v", ttl=60, reads=["file:/w/a", "file:/w/b"])
-    disk.set("one", "v", ttl=60, reads=["file:/w/b"])
-    disk.set("none", "v", ttl=60, reads=["file:/x"])
-    assert disk.invalidate(iter(["file:/w/a", "file:/w/b"])) == 2
-    assert disk.statistics().invalidations == 2
+    disk.set_sync("two", "v", ttl=60, reads=["file:/w/a", "file:/w/b"])
+    disk.set_sync("one", "v", ttl=60, reads=["file:/w/b"])
+    disk.set_sync("none", "v", ttl=60, reads=["file:/x"])
+    assert disk.invalidate_sync(iter(["file:/w/a", "file:/w/b"])) == 2
+    assert disk.statistics_sync().invalidations == 2
     assert index_rows(folder) == [(b"file:/x", "none")]
 
 
@@ -248,14 +251,14 @@ def test_index_drops_what_the_overlap_rule_drops(
     reused_disk: DiskResultCache, entries: list[list[str]], written: list[str]
 ) -> None:
     """The index answers invalidation exactly as MemoryResultCache's scan of every entry does."""
-    reused_disk.clear()
+    reused_disk.clear_sync()
     memory = MemoryResultCache()
     for i, reads in enumerate(entries):
         for store in (reused_disk, memory):
-            store.set(f"k{i}", "v", ttl=60, reads=reads)
-    assert reused_disk.invalidate(written) == memory.invalidate(written)
+            store.set_sync(f"k{i}", "v", ttl=60, reads=reads)
+    assert reused_disk.invalidate_sync(written) == memory.invalidate_sync(written)
     keys = [f"k{i}" for i in range(len(entries))]
-    assert [reused_disk.get(k) is None for k in keys] == [memory.get(k) is None for k in keys]
+    assert [reused_disk.get_sync(k) is None for k in keys] == [memory.get_sync(k) is None for k in keys]
 
 
 # --- clear and statistics -----------------------------------------------------------------
@@ -264,24 +267,24 @@ def test_index_drops_what_the_overlap_rule_drops(
 def test_clear_empties_the_store_and_its_index(disk: DiskResultCache, folder: Path) -> None:
     """After clear() nothing is served, nothing is counted, and the reads index is empty."""
     for i in range(5):
-        disk.set(f"k{i}", "v", ttl=60, reads=[f"file:/w/{i}"])
-    disk.clear()
-    assert disk.statistics().entries == 0
-    assert disk.get("k0") is None
+        disk.set_sync(f"k{i}", "v", ttl=60, reads=[f"file:/w/{i}"])
+    disk.clear_sync()
+    assert disk.statistics_sync().entries == 0
+    assert disk.get_sync("k0") is None
     assert index_rows(folder) == []
 
 
 def test_statistics_count_every_outcome(disk: DiskResultCache, clock: FakeClock) -> None:
     """hits, misses, writes, invalidations, expired and entries each count what happened."""
-    disk.set("a", "1", ttl=10, reads=["file:/a"])
-    disk.set("b", "2", ttl=100, reads=["file:/b"])
-    disk.set("c", "3", ttl=100, reads=["file:/c"])
-    disk.get("a")
-    disk.get("zzz")
+    disk.set_sync("a", "1", ttl=10, reads=["file:/a"])
+    disk.set_sync("b", "2", ttl=100, reads=["file:/b"])
+    disk.set_sync("c", "3", ttl=100, reads=["file:/c"])
+    disk.get_sync("a")
+    disk.get_sync("zzz")
     clock.now += 50
-    disk.get("a")  # expired
-    disk.invalidate(["file:/b"])
-    assert disk.statistics() == CacheStatistics(
+    disk.get_sync("a")  # expired
+    disk.invalidate_sync(["file:/b"])
+    assert disk.statistics_sync() == CacheStatistics(
         hits=1, misses=2, writes=3, invalidations=1, expired=1, errors=0, entries=2
     )
 
@@ -327,16 +330,16 @@ def test_size_limit_evicts_least_recently_used(folder: Path, monkeypatch: pytest
     monkeypatch.setattr(time, "time", wall)
     limit = 256 * 1024
     disk = DiskResultCache(folder, clock=wall, size_limit=limit)
-    disk.set("hot", "h" * 2000, ttl=10**6, reads=["file:/hot"])
+    disk.set_sync("hot", "h" * 2000, ttl=10**6, reads=["file:/hot"])
     written = 300
     for i in range(written):
         wall.now += 61
-        disk.set(f"k{i}", "v" * 2000, ttl=10**6, reads=[f"file:/x/{i}"])
-        assert disk.get("hot") is not None, f"hot entry evicted after {i} writes"
-    entries = disk.statistics().entries
+        disk.set_sync(f"k{i}", "v" * 2000, ttl=10**6, reads=[f"file:/x/{i}"])
+        assert disk.get_sync("hot") is not None, f"hot entry evicted after {i} writes"
+    entries = disk.statistics_sync().entries
     assert 10 < entries < written // 2
-    assert disk.get("k0") is None
-    assert disk.get(f"k{written - 1}") is not None
+    assert disk.get_sync("k0") is None
+    assert disk.get_sync(f"k{written - 1}") is not None
     assert diskcache.Cache(folder).volume() <= limit + 16 * 1024
     assert len(index_rows(folder)) == entries  # evictions took their index rows along
 
@@ -348,7 +351,7 @@ def test_hits_refresh_the_access_time_at_most_once_a_minute(
     wall = FakeClock(1_700_000_000.0)
     monkeypatch.setattr(time, "time", wall)
     disk = DiskResultCache(folder, clock=wall)
-    disk.set("k", "v", ttl=3600)
+    disk.set_sync("k", "v", ttl=3600)
 
     def access_time() -> float:
         with sqlite3.connect(folder / "cache.db") as con:
@@ -356,10 +359,10 @@ def test_hits_refresh_the_access_time_at_most_once_a_minute(
             return float(value)
 
     wall.now += 59
-    assert disk.get("k") is not None
+    assert disk.get_sync("k") is not None
     assert access_time() == 1_700_000_000.0
     wall.now += 2
-    assert disk.get("k") is not None
+    assert disk.get_sync("k") is not None
     assert access_time() == 1_700_000_061.0
 
 
@@ -381,7 +384,7 @@ class Tripwire:
 
 
 def _real_value(folder: Path, clock: FakeClock, content: str = "real") -> bytes:
-    DiskResultCache(folder, clock=clock).set("k", content, ttl=60)
+    DiskResultCache(folder, clock=clock).set_sync("k", content, ttl=60)
     value = diskcache.Cache(folder).get("k")
     assert isinstance(value, bytes)
     return value
@@ -411,24 +414,24 @@ def test_undecodable_value_is_a_counted_miss(folder: Path, clock: FakeClock, mak
     assert callable(make_value)
     diskcache.Cache(folder).set("k", make_value(real))
     disk = DiskResultCache(folder, clock=clock)
-    assert disk.get("k") is None
-    stats = disk.statistics()
+    assert disk.get_sync("k") is None
+    stats = disk.statistics_sync()
     assert (stats.misses, stats.errors, stats.hits) == (1, 1, 0)
     assert tripped == []
     # one bad value does not disable the cache: the key can be written and read again
     assert disk.healthy
-    disk.set("k", "again", ttl=60)
-    entry = disk.get("k")
+    disk.set_sync("k", "again", ttl=60)
+    entry = disk.get_sync("k")
     assert entry is not None and entry.content == "again"
 
 
 def test_value_file_gone_is_a_plain_miss(disk: DiskResultCache, folder: Path) -> None:
     """A large value whose file vanished (another process replaced it) is a miss, not an error."""
-    disk.set("big", "y" * 50_000, ttl=60)
+    disk.set_sync("big", "y" * 50_000, ttl=60)
     (value_file,) = [p for p in folder.rglob("*.val")]
     value_file.unlink()
-    assert disk.get("big") is None
-    assert disk.statistics().errors == 0
+    assert disk.get_sync("big") is None
+    assert disk.statistics_sync().errors == 0
     assert disk.healthy
 
 
@@ -438,12 +441,12 @@ def test_value_file_gone_is_a_plain_miss(disk: DiskResultCache, folder: Path) ->
 def _assert_disabled_but_harmless(
     disk: DiskResultCache, folder: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    disk.set("k", "v", ttl=60, reads=["file:/a"])
-    assert disk.get("k") is None
-    assert disk.invalidate(["file:/a"]) == 0
-    disk.clear()
+    disk.set_sync("k", "v", ttl=60, reads=["file:/a"])
+    assert disk.get_sync("k") is None
+    assert disk.invalidate_sync(["file:/a"]) == 0
+    disk.clear_sync()
     assert not disk.healthy
-    stats = disk.statistics()
+    stats = disk.statistics_sync()
     assert stats.errors == 1
     assert (stats.hits, stats.writes, stats.entries) == (0, 0, 0)
     (warning,) = warnings_from_cache(caplog)
@@ -465,14 +468,14 @@ def test_truncated_database_file_disables_the_cache(folder: Path, caplog: pytest
     """A cache.db cut in half (a crash, a full disk) disables the cache at its first failure."""
     with DiskResultCache(folder) as disk:
         for i in range(200):
-            disk.set(f"k{i}", "v" * 1000, ttl=600, reads=[f"file:/x/{i}"])
+            disk.set_sync(f"k{i}", "v" * 1000, ttl=600, reads=[f"file:/x/{i}"])
     db = folder / "cache.db"
     assert not (folder / "cache.db-wal").exists()
     with db.open("r+b") as f:
         f.truncate(db.stat().st_size // 2)
     disk = DiskResultCache(folder)
     for i in range(200):  # whether opening or some read notices first, nothing is served
-        assert disk.get(f"k{i}") is None
+        assert disk.get_sync(f"k{i}") is None
     _assert_disabled_but_harmless(disk, folder, caplog)
 
 
@@ -509,34 +512,34 @@ def test_disk_full_on_write_disables_the_cache(
     disk: DiskResultCache, folder: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A write that fails (the disk is full) warns once and turns the cache off, never raising."""
-    disk.set("before", "v", ttl=60)
+    disk.set_sync("before", "v", ttl=60)
 
     def full(*args: object, **kwargs: object) -> None:
         raise sqlite3.OperationalError("database or disk is full")
 
     monkeypatch.setattr(diskcache.Cache, "set", full)
-    disk.set("k", "v", ttl=60)
-    disk.set("k2", "v", ttl=60)
+    disk.set_sync("k", "v", ttl=60)
+    disk.set_sync("k2", "v", ttl=60)
     assert not disk.healthy
-    assert disk.get("before") is None
+    assert disk.get_sync("before") is None
     (warning,) = warnings_from_cache(caplog)
     assert str(folder) in warning.getMessage() and "disk is full" in warning.getMessage()
-    assert disk.statistics().errors == 1
+    assert disk.statistics_sync().errors == 1
 
 
 def test_failed_invalidation_stops_serving(
     disk: DiskResultCache, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """If an invalidation fails, the entries it should have dropped are never served afterwards."""
-    disk.set("k", "stale soon", ttl=60, reads=["file:/w/a"])
+    disk.set_sync("k", "stale soon", ttl=60, reads=["file:/w/a"])
 
     def broken(*args: object, **kwargs: object) -> None:
         raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(diskcache.Cache, "transact", broken)
-    assert disk.invalidate(["file:/w/a"]) == 0
+    assert disk.invalidate_sync(["file:/w/a"]) == 0
     monkeypatch.undo()
-    assert disk.get("k") is None
+    assert disk.get_sync("k") is None
     assert not disk.healthy
     assert len(warnings_from_cache(caplog)) == 1
 
@@ -549,7 +552,7 @@ _SET_IN_CHILD = textwrap.dedent(
     from cache import DiskResultCache
     folder, key, content, reads = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
     disk = DiskResultCache(folder)
-    disk.set(key, content, ttl=600, reads=reads)
+    disk.set_sync(key, content, ttl=600, reads=reads)
     print(json.dumps(disk.healthy))
     """
 )
@@ -558,7 +561,7 @@ _GET_IN_CHILD = textwrap.dedent(
     """
     import json, sys
     from cache import DiskResultCache
-    entry = DiskResultCache(sys.argv[1]).get(sys.argv[2])
+    entry = DiskResultCache(sys.argv[1]).get_sync(sys.argv[2])
     print(json.dumps(None if entry is None else [entry.content, sorted(entry.reads)]))
     """
 )
@@ -576,8 +579,8 @@ _HAMMER_IN_CHILD = textwrap.dedent(
             sys.exit("never told to go")
         time.sleep(0.001)
     for _ in range(int(rounds)):
-        disk.set(key, letter * int(size), ttl=600, reads=["file:/" + letter])
-    stats = disk.statistics()
+        disk.set_sync(key, letter * int(size), ttl=600, reads=["file:/" + letter])
+    stats = disk.statistics_sync()
     print(stats.writes, stats.errors, disk.healthy, flush=True)
     """
 )
@@ -628,7 +631,7 @@ def test_concurrent_writers_of_one_key_leave_one_whole_value(folder: Path, tmp_p
         give_up = time.monotonic() + 30
         while any(w.poll() is None for w in writers):
             assert time.monotonic() < give_up, "writers still running after 30 s"
-            entry = disk.get("k")
+            entry = disk.get_sync("k")
             if entry is not None:
                 letter = entry.content[0]
                 assert entry.content == values[letter]
@@ -640,13 +643,13 @@ def test_concurrent_writers_of_one_key_leave_one_whole_value(folder: Path, tmp_p
             if writer.poll() is None:
                 writer.kill()
                 writer.communicate()
-    final = disk.get("k")
+    final = disk.get_sync("k")
     assert final is not None
     letter = final.content[0]
     assert final.content == values[letter]
     other = "B" if letter == "A" else "A"
-    assert disk.invalidate(["file:/" + other]) == 0
-    assert disk.invalidate(["file:/" + letter]) == 1
+    assert disk.invalidate_sync(["file:/" + other]) == 0
+    assert disk.invalidate_sync(["file:/" + letter]) == 1
     assert index_rows(folder) == []
 
 
@@ -667,15 +670,15 @@ def test_get_many_answers_as_get_would(store: str, folder: Path, clock: FakeCloc
     made: ResultCache = (
         DiskResultCache(folder, clock=clock) if store == "disk" else MemoryResultCache(clock=clock)
     )
-    made.set("a", "A", ttl=60, reads=["file:/a"])
-    made.set("b", "B", ttl=10)
-    made.set("c", "C" * 50_000, ttl=60)  # a value in its own file
+    made.set_sync("a", "A", ttl=60, reads=["file:/a"])
+    made.set_sync("b", "B", ttl=10)
+    made.set_sync("c", "C" * 50_000, ttl=60)  # a value in its own file
     clock.now += 30  # b has expired
-    found = made.get_many(["a", "b", "c", "missing", "a"])
+    found = made.get_many_sync(["a", "b", "c", "missing", "a"])
     assert sorted(found) == ["a", "c"]
     assert found["a"] == CacheEntry("A", frozenset({"file:/a"}), clock.now - 30)
     assert found["c"].content == "C" * 50_000
-    stats = made.statistics()
+    stats = made.statistics_sync()
     # every distinct key asked counts once: a and c hit; b expired; "missing" missed
     assert (stats.hits, stats.misses, stats.expired) == (2, 2, 1)
 
@@ -685,19 +688,21 @@ def test_get_many_on_disk_reads_hundreds_of_keys(disk: DiskResultCache) -> None:
     keys = [f"k{i:04d}" for i in range(1_234)]
     for i, key in enumerate(keys):
         if i % 3:
-            disk.set(key, f"v{i}", ttl=60)
-    found = disk.get_many(keys)
+            disk.set_sync(key, f"v{i}", ttl=60)
+    found = disk.get_many_sync(keys)
     assert {k: e.content for k, e in found.items()} == {k: f"v{i}" for i, k in enumerate(keys) if i % 3}
-    assert disk.statistics().hits == len(found) and disk.statistics().misses == len(keys) - len(found)
+    assert disk.statistics_sync().hits == len(found) and disk.statistics_sync().misses == len(keys) - len(
+        found
+    )
 
 
 def test_get_many_counts_an_undecodable_value_and_serves_the_rest(folder: Path, clock: FakeClock) -> None:
     """One value that is not an entry is a counted error among otherwise good hits."""
     disk = DiskResultCache(folder, clock=clock)
-    disk.set("good", "G", ttl=60)
+    disk.set_sync("good", "G", ttl=60)
     diskcache.Cache(folder).set("bad", b"not json")
-    assert {k: e.content for k, e in disk.get_many(["bad", "good"]).items()} == {"good": "G"}
-    stats = disk.statistics()
+    assert {k: e.content for k, e in disk.get_many_sync(["bad", "good"]).items()} == {"good": "G"}
+    stats = disk.statistics_sync()
     assert (stats.hits, stats.misses, stats.errors) == (1, 1, 1)
     assert disk.healthy
 
@@ -707,8 +712,8 @@ def test_get_many_on_a_disabled_store_is_all_misses(folder: Path, caplog: pytest
     folder.mkdir()
     (folder / "cache.db").write_bytes(b"this is not sqlite\x00" * 500)
     broken = DiskResultCache(folder)
-    assert broken.get_many(["a", "b"]) == {}
-    assert broken.statistics().misses == 2
+    assert broken.get_many_sync(["a", "b"]) == {}
+    assert broken.statistics_sync().misses == 2
     assert not broken.healthy and len(warnings_from_cache(caplog)) == 1
 
 
@@ -716,10 +721,62 @@ def test_get_many_failing_mid_read_disables_once(
     disk: DiskResultCache, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A database that fails during get_many disables the store with one warning; no call fails."""
-    disk.set("a", "A", ttl=60)
-    disk.set("b", "B", ttl=60)
+    disk.set_sync("a", "A", ttl=60)
+    disk.set_sync("b", "B", ttl=60)
     disk._store._con.close()  # type: ignore[union-attr]  # the next query raises sqlite3.ProgrammingError
-    assert disk.get_many(["a", "b"]) == {}
+    assert disk.get_many_sync(["a", "b"]) == {}
     assert not disk.healthy
-    assert disk.statistics().misses == 2
+    assert disk.statistics_sync().misses == 2
     assert len(warnings_from_cache(caplog)) == 1
+
+
+# --- the async seam -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["disk", "memory"])
+async def test_the_async_seam_keeps_and_serves_a_batch(kind: str, folder: Path, clock: FakeClock) -> None:
+    """set_many keeps every write, get_many serves them, invalidate drops what overlaps, on
+    either event loop."""
+    made: ResultCache = (
+        DiskResultCache(folder, clock=clock) if kind == "disk" else MemoryResultCache(clock=clock)
+    )
+    await made.set_many(
+        [CacheWrite("a", "A", 60, frozenset({"file:/w/a"})), CacheWrite("b", "B", 60, frozenset({"file:/x"}))]
+    )
+    found = await made.get_many(["a", "b", "c"])
+    assert {k: e.content for k, e in found.items()} == {"a": "A", "b": "B"}
+    assert await made.invalidate(["file:/w"]) == 1
+    assert sorted(await made.get_many(["a", "b"])) == ["b"]
+    stats = await made.statistics()
+    assert (stats.writes, stats.invalidations, stats.entries) == (2, 1, 1)
+    await made.clear()
+    assert await made.get_many(["b"]) == {}
+
+
+async def test_the_disk_store_works_off_the_event_loop_thread(disk: DiskResultCache) -> None:
+    """Every operation of the disk store's seam runs in a worker thread, never the loop's."""
+    seen: list[int] = []
+    real = disk.get_many_sync
+
+    def spy(keys: Sequence[str]) -> dict[str, CacheEntry]:
+        seen.append(threading.get_ident())
+        return real(keys)
+
+    disk.get_many_sync = spy  # type: ignore[method-assign]
+    await disk.get_many(["a", "b"])
+    assert seen and seen[0] != threading.get_ident()
+
+
+def test_set_many_writes_a_batch_in_one_transaction(disk: DiskResultCache) -> None:
+    """A batch of writes commits once: the SQLite connection sees one transaction, not one per entry."""
+    con = disk._store._con  # the connection diskcache made for this thread
+    before = con.total_changes
+    commits: list[str] = []
+    con.set_trace_callback(
+        lambda sql: commits.append(sql) if sql.strip().upper().startswith(("COMMIT", "BEGIN")) else None
+    )
+    disk.set_many_sync([CacheWrite(f"k{i}", "v", 60, frozenset({f"file:/w/{i}"})) for i in range(50)])
+    con.set_trace_callback(None)
+    assert con.total_changes > before
+    assert sum(1 for sql in commits if sql.strip().upper().startswith("COMMIT")) == 1
+    assert len(disk.get_many_sync([f"k{i}" for i in range(50)])) == 50

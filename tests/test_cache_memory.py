@@ -38,6 +38,7 @@ def test_public_names() -> None:
             "CacheEntry",
             "CachePolicy",
             "CacheStatistics",
+            "CacheWrite",
             "DiskResultCache",
             "MemoryResultCache",
             "ResultCache",
@@ -60,51 +61,51 @@ def test_memory_roundtrip() -> None:
     """What was set comes back with its reads and the time it was stored."""
     clock = FakeClock()
     memory = MemoryResultCache(clock=clock)
-    memory.set("k", "v", ttl=60, reads=["file:/a"])
-    assert memory.get("k") == CacheEntry("v", frozenset({"file:/a"}), 1000.0)
+    memory.set_sync("k", "v", ttl=60, reads=["file:/a"])
+    assert memory.get_sync("k") == CacheEntry("v", frozenset({"file:/a"}), 1000.0)
 
 
 def test_memory_expiry_by_clock() -> None:
     """An entry is served until its ttl passes on the clock, then is an expired miss."""
     clock = FakeClock()
     memory = MemoryResultCache(clock=clock)
-    memory.set("k", "v", ttl=10)
+    memory.set_sync("k", "v", ttl=10)
     clock.now += 9.9
-    assert memory.get("k") is not None
+    assert memory.get_sync("k") is not None
     clock.now += 0.1
-    assert memory.get("k") is None
-    assert memory.statistics() == CacheStatistics(hits=1, misses=1, writes=1, expired=1)
+    assert memory.get_sync("k") is None
+    assert memory.statistics_sync() == CacheStatistics(hits=1, misses=1, writes=1, expired=1)
 
 
 def test_memory_invalidation_uses_overlap() -> None:
     """A write drops entries that read it or a folder around it, and spares the rest."""
     memory = MemoryResultCache()
-    memory.set("file", "v", ttl=60, reads=["file:/w/a/b.txt"])
-    memory.set("folder", "v", ttl=60, reads=["file:/w/a"])
-    memory.set("other", "v", ttl=60, reads=["file:/w/b"])
-    assert memory.invalidate(["file:/w/a/b.txt"]) == 2
-    assert memory.get("other") is not None
-    assert memory.get("file") is None and memory.get("folder") is None
-    assert memory.statistics().invalidations == 2
+    memory.set_sync("file", "v", ttl=60, reads=["file:/w/a/b.txt"])
+    memory.set_sync("folder", "v", ttl=60, reads=["file:/w/a"])
+    memory.set_sync("other", "v", ttl=60, reads=["file:/w/b"])
+    assert memory.invalidate_sync(["file:/w/a/b.txt"]) == 2
+    assert memory.get_sync("other") is not None
+    assert memory.get_sync("file") is None and memory.get_sync("folder") is None
+    assert memory.statistics_sync().invalidations == 2
 
 
 def test_memory_max_entries_drops_the_oldest() -> None:
     """Past max_entries the oldest write goes first."""
     memory = MemoryResultCache(max_entries=2)
     for key in ("a", "b", "c"):
-        memory.set(key, key, ttl=60)
-    assert memory.get("a") is None
-    assert memory.get("b") is not None and memory.get("c") is not None
-    assert memory.statistics().entries == 2
+        memory.set_sync(key, key, ttl=60)
+    assert memory.get_sync("a") is None
+    assert memory.get_sync("b") is not None and memory.get_sync("c") is not None
+    assert memory.statistics_sync().entries == 2
 
 
 def test_memory_clear() -> None:
     """clear() leaves no entries."""
     memory = MemoryResultCache()
-    memory.set("k", "v", ttl=60)
-    memory.clear()
-    assert memory.get("k") is None
-    assert memory.statistics().entries == 0
+    memory.set_sync("k", "v", ttl=60)
+    memory.clear_sync()
+    assert memory.get_sync("k") is None
+    assert memory.statistics_sync().entries == 0
 
 
 # --- resources_overlap ------------------------------------------------------------------------

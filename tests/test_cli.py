@@ -67,11 +67,11 @@ def test_cache_stats_and_clear(tmp_path: Path) -> None:
     from cache import DiskResultCache
 
     store = DiskResultCache(tmp_path / "c")
-    store.set("k", "v", ttl=60)
+    store.set_sync("k", "v", ttl=60)
     code, text = run_cli("cache", "stats", "--dir", str(tmp_path / "c"))
     assert code == 0 and "1 entries" in text
     code, text = run_cli("cache", "clear", "--dir", str(tmp_path / "c"))
-    assert code == 0 and DiskResultCache(tmp_path / "c").statistics().entries == 0
+    assert code == 0 and DiskResultCache(tmp_path / "c").statistics_sync().entries == 0
 
 
 def test_a_missing_transcript_is_a_clear_error(tmp_path: Path) -> None:

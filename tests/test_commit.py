@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 import pytest
 
-from cache import CacheEntry, CachePolicy, CacheStatistics, MemoryResultCache, ResultCache
+from cache import CacheEntry, CachePolicy
 from dispatcher import Allow, Registry, Status, Tool, ToolCall, ToolResult, ToolResultEvent
-from dispatcher._commit import CommitOutcome, commit
+from dispatcher._commit import CommitEffects, commit, land
 from dispatcher._core_tools import core_registry
 from dispatcher._history import History
 from dispatcher._plan import (
@@ -79,36 +79,20 @@ CORE = core_registry()
 
 
 class RecordingCache:
-    """A ResultCache fake that records every call it receives."""
+    """Stands for a store: records what the session would ask of it (nothing is kept)."""
 
     def __init__(self) -> None:
         self.sets: list[tuple[str, str, float, frozenset[str]]] = []
         self.invalidated: list[frozenset[str]] = []
 
-    def get(self, key: str) -> CacheEntry | None:
-        return None
-
-    def get_many(self, keys: Sequence[str]) -> dict[str, CacheEntry]:
+    def get_many_now(self, keys: Sequence[str]) -> dict[str, CacheEntry]:
         return {}
-
-    def set(self, key: str, content: str, *, ttl: float, reads: Iterable[str] = ()) -> None:
-        self.sets.append((key, content, ttl, frozenset(reads)))
-
-    def invalidate(self, resources: Iterable[str]) -> int:
-        self.invalidated.append(frozenset(resources))
-        return 0
-
-    def clear(self) -> None:
-        pass
-
-    def statistics(self) -> CacheStatistics:
-        return CacheStatistics()
 
 
 class Harness:
     """One session's bookkeeping, planned and committed as Session._dispatch does it."""
 
-    def __init__(self, cache: ResultCache | None = None, state: PlannerState | None = None) -> None:
+    def __init__(self, cache: RecordingCache | None = None, state: PlannerState | None = None) -> None:
         self.cache = cache
         self.state = state if state is not None else PlannerState()
         self.history = History()
@@ -118,7 +102,7 @@ class Harness:
             registry=REGISTRY,
             core=CORE,
             state=self.state,
-            cache=self.cache,
+            has_cache=self.cache is not None,
             session_id="s1",
             mode="deferred",
             all_loaded=False,
@@ -126,7 +110,8 @@ class Harness:
             max_output_bytes=DEFAULT_MAX_OUTPUT_BYTES,
         )
         drafts = planner.parse(calls)
-        planner.resolve(drafts)
+        wanted = planner.lookups(drafts)
+        planner.resolve(drafts, self.cache.get_many_now(wanted) if self.cache is not None else {})
         for d in planner.gated(drafts):
             decision = planner.take_decision(d, decisions)
             if decision is not None:
@@ -135,18 +120,25 @@ class Harness:
 
     def commit(
         self, plan: Plan, executed: Mapping[int, ToolResult], *, want_events: bool = False
-    ) -> CommitOutcome:
-        return commit(
+    ) -> CommitEffects:
+        """Pass 3, then what the session does with its effects: `land` them, and tell the
+        store its invalidations, then its writes."""
+        effects = commit(
             plan,
             executed,
-            state=self.state,
-            cache=self.cache,
-            history=self.history,
+            has_cache=self.cache is not None,
             run_id=3,
             round=2,
             session_id="s1",
             want_events=want_events,
         )
+        land(effects, self.state, self.history, run_id=3, round=2)
+        if self.cache is not None:
+            if effects.invalidations:
+                self.cache.invalidated.append(effects.invalidations)
+            for w in effects.cache_writes:
+                self.cache.sets.append((w.key, w.content, w.ttl, w.reads))
+        return effects
 
 
 def tc(name: str, args: dict[str, Any], call_id: str) -> ToolCall:
@@ -304,18 +296,6 @@ def test_successful_write_invalidates_the_cache() -> None:
     assert cache.invalidated == [frozenset({"file:/w/a"})]
 
 
-def test_successful_write_drops_memory_cache_entries() -> None:
-    """A successful write drops result-cache entries whose reads overlap it."""
-    cache = MemoryResultCache()
-    cache.set("k1", "x", ttl=60, reads=["file:/w/a"])
-    cache.set("k2", "y", ttl=60, reads=["file:/other"])
-    h = Harness(cache=cache)
-    plan = h.plan([tc("write_file", {"path": "/w"}, "c1")])
-    h.commit(plan, {0: ran(plan, 0)})
-    assert cache.get("k1") is None
-    assert cache.get("k2") is not None
-
-
 def test_unknown_effects_drop_every_file_entry() -> None:
     """A write of "file:/" drops every file entry and keeps the others."""
     h = Harness(cache=RecordingCache(), state=PlannerState(dedupe=_dedupe_with_reads()))
@@ -344,23 +324,6 @@ def test_write_that_never_finished_does_not_invalidate() -> None:
     assert cache.invalidated == []
 
 
-def test_invalidation_failure_of_the_store_is_swallowed() -> None:
-    """A cache whose invalidate raises does not fail the commit; dedupe is still invalidated."""
-
-    class Broken(RecordingCache):
-        def invalidate(self, resources: Iterable[str]) -> int:
-            raise OSError("store down")
-
-    h = Harness(cache=Broken(), state=PlannerState(dedupe={"same": entry("a", "file:/w/a")}))
-    plan = h.plan([tc("write_file", {"path": "/w/a"}, "c1")])
-    out = h.commit(plan, {0: ran(plan, 0)})
-    assert out.results[0] is not None and out.results[0].ok
-    assert h.state.dedupe == {}
-
-
-# -- result cache ---------------------------------------------------------------------------------------
-
-
 def test_cacheable_success_is_written_with_the_tool_ttl() -> None:
     """A cacheable success is written to the cache under its cache key with the tool's ttl."""
     cache = RecordingCache()
@@ -371,22 +334,6 @@ def test_cacheable_success_is_written_with_the_tool_ttl() -> None:
     assert cache.sets == [(plan.calls[0].cache_key, "<html>", 60.0, frozenset())]
 
 
-def test_cache_entry_expires_after_the_ttl() -> None:
-    """The written entry lives for the tool's ttl, by the store's clock."""
-    now = [1000.0]
-    cache = MemoryResultCache(clock=lambda: now[0])
-    h = Harness(cache=cache)
-    plan = h.plan([tc("fetch_page", {"url": "https://a.test/"}, "c1")])
-    key = plan.calls[0].cache_key
-    assert key is not None
-    h.commit(plan, {0: ran(plan, 0, "<html>")})
-    now[0] = 1059.0
-    hit = cache.get(key)
-    assert hit is not None and hit.content == "<html>"
-    now[0] = 1060.0
-    assert cache.get(key) is None
-
-
 def test_failures_are_not_cached() -> None:
     """A failed cacheable call is not written to the cache."""
     cache = RecordingCache()
@@ -394,38 +341,6 @@ def test_failures_are_not_cached() -> None:
     plan = h.plan([tc("fetch_page", {"url": "https://a.test/"}, "c1")])
     h.commit(plan, {0: ran(plan, 0, "503", Status.failed)})
     assert cache.sets == []
-
-
-def test_cache_hits_are_not_written_again_but_remembered() -> None:
-    """A cache hit is not written back, and is remembered in the run's dedupe map."""
-    cache = MemoryResultCache()
-    probe = Harness(cache=cache).plan([tc("fetch_page", {"url": "https://a.test/"}, "c0")])
-    key = probe.calls[0].cache_key
-    assert key is not None
-    cache.set(key, "<cached>", ttl=60)
-    h = Harness(cache=cache)
-    plan = h.plan([tc("fetch_page", {"url": "https://a.test/"}, "c1")])
-    out = h.commit(plan, {})
-    assert out.results[0] is not None and out.results[0].cached
-    assert cache.statistics().writes == 1
-    assert plan.calls[0].key in h.state.dedupe
-
-
-def test_cache_write_failure_is_swallowed() -> None:
-    """A cache whose set raises does not fail the commit."""
-
-    class Broken(RecordingCache):
-        def set(self, key: str, content: str, *, ttl: float, reads: Iterable[str] = ()) -> None:
-            raise OSError("store down")
-
-    h = Harness(cache=Broken())
-    plan = h.plan([tc("fetch_page", {"url": "https://a.test/"}, "c1")])
-    out = h.commit(plan, {0: ran(plan, 0)})
-    assert out.results[0] is not None and out.results[0].ok
-    assert plan.calls[0].key in h.state.dedupe
-
-
-# -- schemas, approvals, history, events --------------------------------------------------------------------
 
 
 def test_schema_required_loads_the_tool() -> None:

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import math
 import time
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
+import anyio.from_thread
 import pytest
-import trio
-import trio.testing
 
 import dispatcher
 from cache import CachePolicy, MemoryResultCache
@@ -97,21 +96,20 @@ async def test_calls_that_share_an_id_run_side_by_side(autojump_clock: Any) -> N
 
 
 def _nesting_registry(inner_runs: list[int], sync: bool) -> Registry:
-    """`outer` (concurrent) calls `inner` through `ctx.dispatcher.invoke` while holding its slot."""
+    """`outer` (concurrent) calls `inner` through `ctx.invoke` while holding its slot."""
 
     async def inner(args: Mapping[str, Any], ctx: Any) -> str:
-        await trio.sleep(0.01)
+        await anyio.sleep(0.01)
         inner_runs.append(args["n"])
         return f"inner {args['n']}"
 
     async def outer(args: Mapping[str, Any], ctx: Any) -> str:
-        await trio.sleep(0.01)  # every outer call holds a slot before any inner one starts
-        found = await ctx.dispatcher.invoke("inner", {"n": args["n"]}, session=ctx.session)
+        await anyio.sleep(0.01)  # every outer call holds a slot before any inner one starts
+        found = await ctx.invoke("inner", {"n": args["n"]})
         return f"outer {args['n']}: {found.content}"
 
     def outer_sync(args: Mapping[str, Any], ctx: Any) -> str:
-        invoke = functools.partial(ctx.dispatcher.invoke, session=ctx.session)
-        found = trio.from_thread.run(invoke, "inner", {"n": args["n"]})
+        found = anyio.from_thread.run(ctx.invoke, "inner", {"n": args["n"]})
         return f"outer {args['n']}: {found.content}"
 
     n_schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
@@ -130,7 +128,7 @@ async def test_handlers_that_invoke_tools_never_deadlock_at_the_limit(sync: bool
     inner_runs: list[int] = []
     d = Dispatcher(_nesting_registry(inner_runs, sync), max_concurrent=3)
     s = d.session("s", mode="direct")
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         results = await s.dispatch([openai_call(f"o{n}", "outer", {"n": n}) for n in range(5)])
     assert [r.content for r in results] == [f"outer {n}: inner {n}" for n in range(5)]
     assert sorted(inner_runs) == list(range(5))
@@ -154,7 +152,7 @@ async def test_a_nested_sync_call_past_its_timeout_keeps_the_slot() -> None:
         return "quick"
 
     async def outer(args: Mapping[str, Any], ctx: Any) -> str:
-        found = await ctx.dispatcher.invoke("slow_sync", {}, session=ctx.session)
+        found = await ctx.invoke("slow_sync", {})
         return f"outer got {found.status.value}"
 
     reg = Registry(
@@ -165,7 +163,7 @@ async def test_a_nested_sync_call_past_its_timeout_keeps_the_slot() -> None:
         ]
     )
     d = Dispatcher(reg, max_concurrent=1)
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         results = await d.session("s").dispatch(
             [openai_call("a", "outer", {}), openai_call("b", "quick", {})]
         )
@@ -181,7 +179,7 @@ async def test_a_handler_that_invokes_side_by_side_stays_on_its_slot(autojump_cl
 
     async def inner(args: Mapping[str, Any], ctx: Any) -> str:
         counter.enter("inner", str(args["n"]))
-        await trio.sleep(1)
+        await anyio.sleep(1)
         counter.leave()
         return str(args["n"])
 
@@ -189,10 +187,10 @@ async def test_a_handler_that_invokes_side_by_side_stays_on_its_slot(autojump_cl
         found: list[str] = []
 
         async def one(n: int) -> None:
-            result = await ctx.dispatcher.invoke("inner", {"n": n}, session=ctx.session)
+            result = await ctx.invoke("inner", {"n": n})
             found.append(result.content)
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             for k in range(3):
                 nursery.start_soon(one, args["n"] * 10 + k)
         return ",".join(sorted(found))
@@ -205,11 +203,11 @@ async def test_a_handler_that_invokes_side_by_side_stays_on_its_slot(autojump_cl
     )
     d = Dispatcher(reg, max_concurrent=2)
     s = d.session("s", mode="direct")
-    start = trio.current_time()
+    start = anyio.current_time()
     results = await s.dispatch([openai_call(f"f{n}", "fan_out", {"n": n}) for n in (1, 2)])
     assert [r.content for r in results] == ["10,11,12", "20,21,22"]
     assert counter.most == 2  # one inner call per slot, never more than the limit
-    assert trio.current_time() - start == 3  # each slot ran its three inner calls in turn
+    assert anyio.current_time() - start == 3  # each slot ran its three inner calls in turn
 
 
 async def test_a_call_that_swallows_its_timeout_does_not_cut_the_next(autojump_clock: Any) -> None:
@@ -219,13 +217,13 @@ async def test_a_call_that_swallows_its_timeout_does_not_cut_the_next(autojump_c
 
     async def swallow(args: Mapping[str, Any], ctx: Any) -> str:
         try:
-            await trio.sleep(5)
+            await anyio.sleep(5)
         except BaseException:  # a handler bug this test is about
             return "partial"
         return "whole"
 
     async def steady(args: Mapping[str, Any], ctx: Any) -> str:
-        await trio.sleep(1)
+        await anyio.sleep(1)
         ran.append(args["n"])
         return f"steady {args['n']}"
 
@@ -253,7 +251,7 @@ async def test_every_status_of_the_failure_table_from_a_real_path(autojump_clock
     reg = fake_registry(counter)
 
     async def hang(args: Mapping[str, Any], ctx: Any) -> str:
-        await trio.sleep(10)
+        await anyio.sleep(10)
         return "never"
 
     reg.add(Tool("hang", "Hangs.", hang, {"type": "object"}, timeout=1.0, deferred=False))
@@ -282,8 +280,8 @@ async def test_every_status_of_the_failure_table_from_a_real_path(autojump_clock
         Status.denied,
         Status.timed_out,
     ]
-    assert trio.current_time() == pytest.approx(1.0)
-    s.new_run(deadline=trio.current_time())
+    assert anyio.current_time() == pytest.approx(1.0)
+    s.new_run(deadline=anyio.current_time())
     [expired] = await s.dispatch([call("h", "echo", text="late")])
     assert expired.status is Status.expired
     assert s.statistics().executed == 3  # ok, failed, timed_out started; the expired call never did
@@ -383,18 +381,18 @@ async def _distinct_naps(limit: int) -> tuple[float, int]:
 
     async def nap(args: Mapping[str, Any], ctx: Any) -> str:
         counter.enter("nap", str(args["i"]))
-        await trio.sleep(0.1)
+        await anyio.sleep(0.1)
         counter.leave()
         return "ok"
 
     schema = {"type": "object", "properties": {"i": {"type": "integer"}}}
     reg.add(Tool("nap", "Sleep 100 ms.", nap, schema, concurrent=True, deferred=False))
     s = Dispatcher(reg, max_concurrent=limit).session("s")
-    start = trio.current_time()
+    start = anyio.current_time()
     results = await s.dispatch([ToolCall(id=str(i), name="nap", arguments={"i": i}) for i in range(16)])
     assert all(r.status is Status.ok for r in results)
     assert len(counter.runs) == 16
-    return trio.current_time() - start, counter.most
+    return anyio.current_time() - start, counter.most
 
 
 @pytest.mark.parametrize("limit", [3, 8])
@@ -428,9 +426,9 @@ async def test_a_concurrent_call_times_out_at_its_own_deadline(autojump_clock: A
 
     async def sleepy(args: Mapping[str, Any], ctx: Any) -> str:
         try:
-            await trio.sleep(args["s"])
+            await anyio.sleep(args["s"])
         finally:
-            ends[ctx.call_id] = trio.current_time()
+            ends[ctx.call_id] = anyio.current_time()
         return "done"
 
     schema = {"type": "object", "properties": {"s": {"type": "number"}}}
@@ -466,15 +464,15 @@ async def test_a_sync_handler_past_its_timeout_keeps_its_slot() -> None:
 
     reg = Registry([Tool("stuck", "s", stuck, timeout=0.2, deferred=False)])
     d = Dispatcher(reg, max_concurrent=3)
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         [r] = await d.session().dispatch([call("1", "stuck")])
     assert r.status is Status.timed_out
     assert d.limiter.borrowed_tokens == 1
     release.set()
-    with trio.fail_after(10):
-        # the slot belongs to a thread, which cannot set a trio.Event here: poll it
+    with anyio.fail_after(10):
+        # the slot belongs to a thread, which cannot set a anyio.Event here: poll it
         while d.limiter.borrowed_tokens:  # noqa: ASYNC110
-            await trio.sleep(0.01)
+            await anyio.sleep(0.01)
     assert d.limiter.borrowed_tokens == 0
 
 
@@ -489,7 +487,7 @@ async def test_sync_handlers_run_in_threads() -> None:
         return "ok"
 
     reg = Registry([Tool("where", "w", where, concurrent=True, deferred=False)])
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         await Dispatcher(reg).session().dispatch([ToolCall(str(i), "where", {"i": i}) for i in range(3)])
     assert seen == [False, False, False]
 
@@ -620,7 +618,7 @@ async def test_allow_with_new_arguments_is_validated_again() -> None:
     gate_answers = iter([Allow(args={"text": "changed"}), Allow(args={"text": 5})])
     d = Dispatcher(reg, gate=lambda c, ctx: next(gate_answers))
     s = d.session()
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         [ok] = await s.dispatch([call("1", "ask", text="orig")])
         [bad] = await s.dispatch([call("2", "ask", text="other")])
     assert ok.content == "changed"
@@ -636,7 +634,7 @@ async def test_followers_share_the_leaders_gate_decision() -> None:
         return Deny("nope")
 
     reg = Registry([Tool("g", "g", lambda a, c: "ran", TEXT_SCHEMA, confirm=True, deferred=False)])
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         results = (
             await Dispatcher(reg, gate=gate)
             .session()
@@ -651,10 +649,10 @@ async def test_cancellation_cancels_running_calls_and_propagates(autojump_clock:
     """Cancelling the caller cancels every running call at once; what finished is committed."""
     d, counter, _ = setup()
     s = d.session()
-    with trio.move_on_after(0.05) as scope:
+    with anyio.move_on_after(0.05) as scope:
         await s.dispatch([call("1", "echo", text="fast"), ToolCall("2", "nap", {"ms": 1000})])
     assert scope.cancelled_caught
-    assert trio.current_time() == pytest.approx(0.05)
+    assert anyio.current_time() == pytest.approx(0.05)
     assert [h.call_id for h in s.history] == ["1"]
     assert counter.in_flight == 0
 
@@ -669,7 +667,7 @@ async def test_cancellation_wins_over_a_hook_block(autojump_clock: Any) -> None:
 
     counter = Counter()
     d = Dispatcher(fake_registry(counter), hooks=[Guard()])
-    with trio.move_on_after(0.05) as scope:
+    with anyio.move_on_after(0.05) as scope:
         await d.session().dispatch([ToolCall("1", "nap", {"ms": 1}), ToolCall("2", "nap", {"ms": 1000})])
     assert scope.cancelled_caught
 
@@ -793,7 +791,7 @@ async def test_deferred_mode_find_tools_then_run_tool() -> None:
     names = [t["function"]["name"] for t in s.request_tools("openai")]
     assert names == ["find_tools", "run_tool"]
     assert "weather" in s.request_tools("openai")[1]["function"]["description"]
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         [direct] = await s.dispatch([call("1", "weather", city="Oslo")])
         assert direct.status is Status.rejected and "select:weather" in direct.content
         [found] = await s.dispatch([call("2", "find_tools", query="select:weather")])
@@ -817,7 +815,7 @@ async def test_schema_required_then_the_retry_runs() -> None:
     s = Dispatcher(reg).session("s", mode="direct")
     stub = s.request_tools("anthropic")[1]
     assert stub["name"] == "weather" and stub["input_schema"] == {"type": "object", "properties": {}}
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         [first] = await s.dispatch([call("1", "weather", city="Oslo")])
         assert first.status is Status.schema_required and '"city"' in first.content
         [second] = await s.dispatch([call("2", "weather", city="Oslo")])
@@ -859,11 +857,11 @@ async def test_shared_cache_serves_other_sessions_and_credentials_are_never_stor
     await d.session("c").dispatch([ToolCall("3", "fetch", secret)])
     await d.session("d").dispatch([ToolCall("4", "fetch", secret)])
     assert runs == ["https://x.test/", "https://x.test/", "https://x.test/"]
-    assert store.statistics().writes == 1
+    assert (await store.statistics()).writes == 1
     [forced] = await d.session("e").dispatch(
         [ToolCall("5", "fetch", {"url": "https://x.test/", "force": True})]
     )
-    assert not forced.cached and len(runs) == 4 and store.statistics().writes == 2
+    assert not forced.cached and len(runs) == 4 and (await store.statistics()).writes == 2
 
 
 def _cached_fetch(runs: list[str]) -> Registry:
@@ -958,7 +956,7 @@ async def test_session_scoped_cache_stays_in_its_session() -> None:
     )
     d = Dispatcher(reg, cache=MemoryResultCache())
     a = d.session("a")
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         await a.dispatch([ToolCall("1", "search", {"q": "x"})])
         a.new_run()
         [own] = await a.dispatch([ToolCall("2", "search", {"q": "x"})])
@@ -979,7 +977,7 @@ async def test_invoke_uses_the_same_passes() -> None:
         ]
     )
     d = Dispatcher(reg)
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         ok = await d.invoke("weather", {"city": "Oslo"})
         again = await d.invoke("weather", {"city": "Oslo"})
         bad = await d.invoke("weather", {})
@@ -1009,7 +1007,7 @@ async def test_output_is_well_formed_and_cut() -> None:
             Tool("big", "g", lambda a, c: "é" * 5000, deferred=False),
         ]
     )
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         results = (
             await Dispatcher(reg, max_output_bytes=1000)
             .session()
@@ -1183,7 +1181,7 @@ async def test_two_dispatches_on_one_session_take_turns(autojump_clock: Any) -> 
 
     async def gated(args: Mapping[str, Any], ctx: Any) -> str:
         counter.enter("gated", args["text"])
-        await trio.sleep(0.01)
+        await anyio.sleep(0.01)
         counter.leave()
         return "approved and ran"
 
@@ -1205,7 +1203,7 @@ async def test_two_dispatches_on_one_session_take_turns(autojump_clock: Any) -> 
         calls, decisions = batches[i]
         found[i] = await s.dispatch(calls, decisions=decisions)
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         for i in range(len(batches)):
             nursery.start_soon(run, i)
     ran = [name for name, _ in counter.runs]
@@ -1287,7 +1285,7 @@ async def test_a_write_that_started_but_never_answered_drops_what_it_may_have_ch
         state["v"] = "new"
         if how == "blocked":
             raise HookBlocked("stop here")
-        await trio.sleep(10)  # waits for an acknowledgement after the effect happened
+        await anyio.sleep(10)  # waits for an acknowledgement after the effect happened
         return "written"
 
     def key(args: Mapping[str, Any]) -> set[str]:
@@ -1301,7 +1299,7 @@ async def test_a_write_that_started_but_never_answered_drops_what_it_may_have_ch
     )
     s = Dispatcher(reg).session("s", mode="direct")
     [first] = await s.dispatch([openai_call("r1", "rd", {})])
-    with trio.move_on_after(1):
+    with anyio.move_on_after(1):
         with contextlib.suppress(HookBlocked):
             await s.dispatch([openai_call("w1", "wr", {})])
     [again] = await s.dispatch([openai_call("r2", "rd", {})])
@@ -1321,7 +1319,7 @@ async def test_a_tool_that_exits_fails_alone(sync: bool) -> None:
         raise SystemExit(2)
 
     async def sibling(args: Mapping[str, Any], ctx: Any) -> str:
-        await trio.sleep(0.01)
+        await anyio.sleep(0.01)
         return "finished"
 
     reg = Registry(
@@ -1330,7 +1328,7 @@ async def test_a_tool_that_exits_fails_alone(sync: bool) -> None:
             Tool("sibling", "s", sibling, concurrent=True, deferred=False),
         ]
     )
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         bad, good = (
             await Dispatcher(reg)
             .session("s")
@@ -1345,10 +1343,7 @@ async def test_a_result_cache_that_returns_junk_is_a_miss(caplog: pytest.LogCapt
     """A store whose lookups return something other than a CacheEntry counts as a miss; the call runs."""
 
     class JunkStore(MemoryResultCache):
-        def get(self, key: str) -> Any:
-            return "junk"
-
-        def get_many(self, keys: Any) -> Any:
+        async def get_many(self, keys: Any) -> Any:
             return {k: "junk" for k in keys}
 
     reg = _cached_fetch([])

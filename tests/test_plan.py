@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cache import CachePolicy, MemoryResultCache
+from cache import CacheEntry, CachePolicy
 from dispatcher import Allow, Deny, Registry, Status, Tool, ToolCall, ToolDefinitionError, ToolResult
 from dispatcher._core_tools import core_registry
 from dispatcher._plan import (
@@ -138,28 +138,55 @@ def make_registry(*extra: Tool) -> Registry:
     return Registry([*_BASE_TOOLS, *extra]) if extra else _BASE
 
 
+class Hits:
+    """Stands for a result store: the answers the session hands pass 1 after its lookups."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, CacheEntry] = {}
+        self.asked: list[str] = []
+
+    def set(self, key: str | None, content: str, *, ttl: float, reads: Sequence[str] = ()) -> None:
+        assert key is not None
+        self.entries[key] = CacheEntry(content, frozenset(reads))
+
+    def answer(self, keys: Sequence[str]) -> dict[str, CacheEntry]:
+        self.asked.extend(keys)
+        return {k: self.entries[k] for k in keys if k in self.entries}
+
+
+_NO_HITS = Hits()
+
+
+def resolve(planner: Planner, drafts: list[Any], cache: Hits | None = None) -> None:
+    """Pass 1's lookups, the store's answer, then resolve, as the session does it."""
+    wanted = planner.lookups(drafts)
+    planner.resolve(drafts, (cache or _NO_HITS).answer(wanted))
+
+
 def make_planner(
     registry: Registry | None = None,
     *,
     state: PlannerState | None = None,
-    cache: MemoryResultCache | None = None,
+    cache: Hits | None = None,
     session_id: str = "s1",
     mode: str = "deferred",
     all_loaded: bool = False,
     max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
 ) -> Planner:
-    return Planner(
+    planner = Planner(
         registry=registry if registry is not None else make_registry(),
         core=_CORE,
         state=state if state is not None else PlannerState(),
-        cache=cache,
+        has_cache=cache is not None,
         session_id=session_id,
         mode=mode,
         all_loaded=all_loaded,
         max_argument_bytes=max_argument_bytes,
         max_output_bytes=max_output_bytes,
     )
+    planner.test_hits = cache  # type: ignore[attr-defined]  # what run_pass1 hands resolve
+    return planner
 
 
 def run_pass1(
@@ -167,7 +194,7 @@ def run_pass1(
 ) -> Plan:
     """What Session._dispatch does, with no rewriters and no gate configured."""
     drafts = planner.parse(list(calls))
-    planner.resolve(drafts)
+    resolve(planner, drafts, getattr(planner, "test_hits", None))
     for d in planner.gated(drafts):
         decision = planner.take_decision(d, decisions)
         if isinstance(decision, Deny):
@@ -380,7 +407,7 @@ def test_force_skips_the_dedupe_lookup() -> None:
 
 def test_force_skips_the_cache_lookup() -> None:
     """A forced call runs even when the result cache holds its key."""
-    cache = MemoryResultCache()
+    cache = Hits()
     probe = plan_one(tc("fetch_page", {"url": "https://a.test/"}), cache=cache)
     assert probe.cache_key is not None
     cache.set(probe.cache_key, "cached page", ttl=60)
@@ -643,7 +670,7 @@ def test_run_level_entry_is_served_after_an_unrelated_write() -> None:
 
 def test_cache_entry_overlapping_an_earlier_write_is_not_served() -> None:
     """A result-cache entry whose reads overlap a write earlier in this batch is not served."""
-    cache = MemoryResultCache()
+    cache = Hits()
     probe = plan_one(tc("fetch_page", {"url": "https://a.test/"}), cache=cache)
     assert probe.cache_key is not None
     cache.set(probe.cache_key, "page", ttl=60, reads=["file:/w/a"])
@@ -681,7 +708,7 @@ def test_writers_are_not_cacheable() -> None:
         writes=lambda a: {f"url:{a['url']}"},
     )
     p = plan_one(
-        tc("post", {"url": "https://a.test/"}), registry=make_registry(posting), cache=MemoryResultCache()
+        tc("post", {"url": "https://a.test/"}), registry=make_registry(posting), cache=Hits()
     )
     assert p.cacheable is False and p.cache_key is None
     assert p.writes == frozenset({"url:https://a.test/"})
@@ -689,7 +716,7 @@ def test_writers_are_not_cacheable() -> None:
 
 def test_cache_hit_is_decided_cached() -> None:
     """A cacheable call whose key is in the result cache is decided cached; nothing runs."""
-    cache = MemoryResultCache()
+    cache = Hits()
     probe = plan_one(tc("fetch_page", {"url": "https://a.test/"}), cache=cache)
     assert probe.cacheable and probe.cache_key == probe.key  # shared scope
     assert probe.cache_key is not None
@@ -710,7 +737,7 @@ def test_no_cache_means_not_cacheable() -> None:
 
 def test_session_scoped_cache_keys_differ_by_session() -> None:
     """A session-scoped policy keys by session id; a shared one does not."""
-    cache = MemoryResultCache()
+    cache = Hits()
     s1 = plan_one(tc("search_web", {"q": "trio"}), cache=cache, session_id="s1")
     s2 = plan_one(tc("search_web", {"q": "trio"}), cache=cache, session_id="s2")
     assert s1.key == s2.key
@@ -724,7 +751,7 @@ def test_session_scoped_cache_keys_differ_by_session() -> None:
 
 def test_session_scoped_entry_is_not_served_to_another_session() -> None:
     """A session-scoped cache entry serves only the session that wrote it."""
-    cache = MemoryResultCache()
+    cache = Hits()
     s1 = plan_one(tc("search_web", {"q": "trio"}), cache=cache, session_id="s1")
     assert s1.cache_key is not None
     cache.set(s1.cache_key, "results", ttl=60)
@@ -745,11 +772,11 @@ def test_session_scoped_entry_is_not_served_to_another_session() -> None:
 )
 def test_call_with_credentials_is_not_cacheable(args: dict[str, Any]) -> None:
     """A call that carries credentials is never cacheable (and not looked up)."""
-    cache = MemoryResultCache()
+    cache = Hits()
     p = plan_one(tc("fetch_page", args), cache=cache)
     assert p.cacheable is False and p.cache_key is None
     assert p.runs
-    assert cache.statistics().misses == 0
+    assert cache.asked == []
 
 
 def test_cache_policy_when_decides() -> None:
@@ -763,7 +790,7 @@ def test_cache_policy_when_decides() -> None:
         cache=CachePolicy(when=lambda a: a.get("method", "GET") == "GET"),
     )
     reg = make_registry(getter)
-    cache = MemoryResultCache()
+    cache = Hits()
     assert plan_one(tc("http_get", {"method": "GET"}), registry=reg, cache=cache).cacheable is True
     assert plan_one(tc("http_get", {"method": "POST"}), registry=reg, cache=cache).cacheable is False
 
@@ -810,7 +837,7 @@ def test_invalid_arguments_are_not_gated() -> None:
     """A call that fails validation is not offered to the gate."""
     planner = make_planner()
     drafts = planner.parse([tc("danger", {"n": "many"})])
-    planner.resolve(drafts)
+    resolve(planner, drafts)
     assert planner.gated(drafts) == []
 
 
@@ -890,7 +917,7 @@ def test_gated_lists_only_confirm_calls_in_order() -> None:
     """gated() lists the calls that need confirmation, in call order."""
     planner = make_planner()
     drafts = planner.parse(_gate_batch())
-    planner.resolve(drafts)
+    resolve(planner, drafts)
     assert [d.call_id for d in planner.gated(drafts)] == ["c2", "c4", "c5"]
 
 
@@ -905,7 +932,7 @@ def test_take_decision_allow_is_spent() -> None:
     """An Allow for the call is taken and marked spent."""
     planner = make_planner()
     drafts = planner.parse([tc("danger", {"n": 1}, "c2")])
-    planner.resolve(drafts)
+    resolve(planner, drafts)
     (d,) = planner.gated(drafts)
     decision = planner.take_decision(d, {"c2": Allow()})
     assert decision == Allow()
@@ -919,7 +946,7 @@ def test_take_decision_ignores_a_spent_allow() -> None:
     """An Allow already spent (in spent_approvals) does not count."""
     planner = make_planner(state=PlannerState(spent_approvals={"c2"}))
     drafts = planner.parse([tc("danger", {"n": 1}, "c2")])
-    planner.resolve(drafts)
+    resolve(planner, drafts)
     (d,) = planner.gated(drafts)
     assert planner.take_decision(d, {"c2": Allow()}) is None
     assert d.spent_approval is False
@@ -929,7 +956,7 @@ def test_take_decision_without_decisions_is_none() -> None:
     """No decisions, or none for this call, give None."""
     planner = make_planner()
     drafts = planner.parse([tc("danger", {"n": 1}, "c2")])
-    planner.resolve(drafts)
+    resolve(planner, drafts)
     (d,) = planner.gated(drafts)
     assert planner.take_decision(d, None) is None
     assert planner.take_decision(d, {"other": Allow()}) is None
@@ -1118,7 +1145,7 @@ def test_planned_draft_cannot_be_finished_again() -> None:
     """Finishing drafts that are already planned raises."""
     planner = make_planner()
     drafts = planner.parse([tc("echo", {"text": "x"})])
-    planner.resolve(drafts)
+    resolve(planner, drafts)
     planner.finish(drafts)
     with pytest.raises(RuntimeError, match="from 'planned'"):
         planner.finish(drafts)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import trio
+import anyio
 
 from dispatcher import Deny, Dispatcher, Status, Tool, ToolCall, replay
 
@@ -71,7 +71,7 @@ async def test_gate_decisions_are_recorded_and_replayed(tmp_path: Path) -> None:
 
     reg.add(Tool("risky", "r", lambda a, c: "ran", confirm=True, deferred=False))
     d = Dispatcher(reg, gate=lambda c, ctx: Deny("not now"))
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         [r] = await d.session("g", record=path).dispatch([ToolCall("1", "risky", {})])
     assert r.status is Status.denied
 

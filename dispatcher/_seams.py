@@ -1,0 +1,137 @@
+"""The seams: what a user plugs into the kernel, each a small `typing.Protocol`.
+
+    Handler       (args, ctx) -> str | dict | list | bytes     a tool's code, sync or async
+    Gate          (call, ctx) -> Allow | Deny | Interrupt      asked about confirm calls
+    Rewriter      (event, state) -> {"tool_name", "args"} | None
+    Hook          before(call, ctx) / after(call, result, ctx), either optional
+    Subscriber    (event) -> None                              every committed result
+    ToolRunner    (call, ctx) -> content | ToolResult          stands in for running handlers
+    ResultCache   async get_many / set_many / invalidate / clear / statistics
+
+Gates, rewriters, hooks, subscribers and handlers may be sync or async. The result
+store is async, so that a store across the network fits it; pass 1 and pass 3 never
+call it: they say what they want looked up or written, and the session awaits it.
+
+Nothing here runs, and nothing above the kernel is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import attrs
+
+if TYPE_CHECKING:
+    from ._types import Decision, ToolCall, ToolCallDispatchEvent, ToolContext, ToolResult, ToolResultEvent
+
+__all__ = [
+    "CacheEntry",
+    "CacheStatistics",
+    "CacheWrite",
+    "Gate",
+    "Handler",
+    "Hook",
+    "ResultCache",
+    "Rewriter",
+    "Subscriber",
+    "ToolRunner",
+]
+
+
+class Handler(Protocol):
+    """A tool's code. A sync handler runs in a worker thread; an async one on the host loop."""
+
+    def __call__(self, args: Mapping[str, Any], ctx: ToolContext) -> Any: ...
+
+
+class Gate(Protocol):
+    """Asked, in call order, about every call that needs confirmation, before anything runs."""
+
+    def __call__(self, call: ToolCall, ctx: ToolContext) -> Decision | Awaitable[Decision]: ...
+
+
+class Rewriter(Protocol):
+    """One link of the rewriter chain: None passes the call on, a mapping rewrites it."""
+
+    def __call__(
+        self, event: ToolCallDispatchEvent, state: dict[str, Any]
+    ) -> Mapping[str, Any] | Awaitable[Mapping[str, Any] | None] | None: ...
+
+
+class Hook(Protocol):
+    """Wraps every call that starts. Either method may be missing; either may raise
+    `HookBlocked` to stop the batch (what finished is committed first)."""
+
+    def before(self, call: ToolCall, ctx: ToolContext) -> Any: ...
+
+    def after(self, call: ToolCall, result: ToolResult, ctx: ToolContext) -> Any: ...
+
+
+class Subscriber(Protocol):
+    """Told every committed result, in call order, after the batch commits."""
+
+    def __call__(self, event: ToolResultEvent) -> Any: ...
+
+
+class ToolRunner(Protocol):
+    """Runs a call instead of its handler: returns the content (as a handler would) or a
+    whole `ToolResult`. Offline replay serves recorded results through one; tests and
+    users can script tools with `ScriptedRunner`."""
+
+    def __call__(self, call: ToolCall, ctx: ToolContext) -> Awaitable[Any]: ...
+
+
+@attrs.frozen
+class CacheEntry:
+    """One cached success: the content the model saw and the resources it read."""
+
+    content: str
+    reads: frozenset[str] = frozenset()
+    stored_at: float = 0.0
+
+
+@attrs.frozen
+class CacheWrite:
+    """What pass 3 asks a store to keep: `content` under `key` for `ttl` seconds."""
+
+    key: str
+    content: str
+    ttl: float
+    reads: frozenset[str] = frozenset()
+
+
+@attrs.frozen
+class CacheStatistics:
+    hits: int = 0
+    misses: int = 0
+    writes: int = 0
+    invalidations: int = 0
+    expired: int = 0
+    errors: int = 0
+    entries: int = 0
+
+
+@runtime_checkable
+class ResultCache(Protocol):
+    """A result store keyed by the dispatcher's cache key (a hex string).
+
+    A store never raises into a call: the session treats a failing lookup as misses and a
+    failing write as dropped, with a warning. Stores keep their own clock for expiry."""
+
+    async def get_many(self, keys: Sequence[str]) -> dict[str, CacheEntry]:
+        """The live entries among `keys` (missing, expired and unreadable ones left out).
+        Pass 1 asks once per batch, so a store can answer in one round trip."""
+        ...
+
+    async def set_many(self, writes: Sequence[CacheWrite]) -> None:
+        """Keep every write (one transaction or round trip where the store can)."""
+        ...
+
+    async def invalidate(self, resources: Iterable[str]) -> int:
+        """Drop every entry whose reads overlap `resources`; return how many were dropped."""
+        ...
+
+    async def clear(self) -> None: ...
+
+    async def statistics(self) -> CacheStatistics: ...
