@@ -29,6 +29,7 @@ from builtin_tools.web import SEARCH_URL_ENV, WebTools, resource_url
 from dispatcher._exceptions import ToolError
 
 from ._fakes import tool_context
+from ._network import NetworkGuard, guard_network
 
 PAGE = b"""<!doctype html>
 <html><head><title>The &amp; Page</title><style>body { color: red }</style>
@@ -83,6 +84,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, b"just text\n  indented", "text/plain")
         elif path == "/redirect":
             self._send(302, b"", "text/plain", Location="/page")
+        elif path == "/redirect-to":
+            self._send(302, b"", "text/plain", Location=query["to"][0])
         elif path == "/redirect-bad-host":
             self._send(302, b"", "text/plain", Location=f"http://{LONG_HOST}/")
         elif path == "/loop":
@@ -170,9 +173,16 @@ def ws(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.fixture(autouse=True)
+def network(monkeypatch: pytest.MonkeyPatch) -> NetworkGuard:
+    """Every test here: loopback connections only, no lookups of names."""
+    return guard_network(monkeypatch)
+
+
 @pytest.fixture
 def web(ws: Path, server: str) -> WebTools:
-    return WebTools(Workspace(ws), search_url=f"{server}/search")
+    """The tools with loopback allowed, as the test server is on 127.0.0.1."""
+    return WebTools(Workspace(ws), search_url=f"{server}/search", allow_private_network=True)
 
 
 async def _call(web: WebTools, name: str, **args: Any) -> str:
@@ -207,7 +217,7 @@ async def test_fetch_page_returns_plain_text_as_is(web: WebTools, server: str) -
 
 async def test_fetch_page_reads_at_most_its_byte_limit(ws: Path, server: str) -> None:
     """A body over the limit is cut at the limit and marked."""
-    web = WebTools(Workspace(ws), max_page_bytes=1000)
+    web = WebTools(Workspace(ws), max_page_bytes=1000, allow_private_network=True)
     out = await _call(web, "fetch_page", url=f"{server}/big")
     assert "x" * 1000 in out and "x" * 1001 not in out
     assert out.endswith("[page cut: longer than this tool returns]")
@@ -262,7 +272,7 @@ async def test_redirect_loops_stop(web: WebTools, server: str) -> None:
 
 async def test_slow_server_times_out_as_retryable(ws: Path, server: str) -> None:
     """A server slower than the request timeout gives a retryable error."""
-    web = WebTools(Workspace(ws), request_timeout=0.2)
+    web = WebTools(Workspace(ws), request_timeout=0.2, allow_private_network=True)
     with pytest.raises(ToolError, match="timed out") as info:
         await _call(web, "fetch_page", url=f"{server}/slow")
     assert info.value.retryable is True
@@ -377,7 +387,7 @@ async def test_http_request_error_status_fails_with_the_body(web: WebTools, serv
 
 async def test_http_request_bounds_and_describes_bodies(ws: Path, server: str) -> None:
     """A long text body is cut at the limit; a binary one is described, not dumped."""
-    web = WebTools(Workspace(ws), max_response_bytes=500)
+    web = WebTools(Workspace(ws), max_response_bytes=500, allow_private_network=True)
     out = await _call(web, "http_request", url=f"{server}/big")
     assert out.endswith("x" * 500 + "\n[body cut at 500 bytes]")
     out = await _call(web, "http_request", url=f"{server}/image")
@@ -465,7 +475,7 @@ async def test_download_file_does_not_write_inside_a_git_folder(ws: Path, web: W
 
 async def test_download_file_over_the_limit_leaves_nothing(ws: Path, server: str) -> None:
     """A download past its byte limit fails and leaves no file, partial or final."""
-    web = WebTools(Workspace(ws), max_download_bytes=1000)
+    web = WebTools(Workspace(ws), max_download_bytes=1000, allow_private_network=True)
     with pytest.raises(ToolError, match="larger than the 1000-byte download limit"):
         await _call(web, "download_file", url=f"{server}/file.bin", path="f.bin")
     assert await trio.to_thread.run_sync(os.listdir, ws) == []
