@@ -24,6 +24,7 @@ ALWAYS_REFUSED = [
     ("fd20:ce::254", "fd20:ce::254/128 is a cloud metadata service"),
     ("fe80::1", "fe80::/10 is link-local"),
     ("fe80::1%eth0", "fe80::/10 is link-local"),
+    ("fe80::a9fe:a9fe", "fe80::/10 is link-local"),
     ("febf:ffff::1", "fe80::/10 is link-local"),
     ("0.0.0.0", '0.0.0.0/8 is "this network"'),
     ("0.255.255.255", '0.0.0.0/8 is "this network"'),

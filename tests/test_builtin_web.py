@@ -541,6 +541,7 @@ REFUSED_BY_DEFAULT = [
     ("http://100.64.0.1/", "carrier-grade NAT", "refused unless allow_private_network=True"),
     ("https://[fd00:ec2::254]/", "fd00:ec2::254", "always refused"),
     ("http://[fe80::1%25eth0]/", "fe80::/10 is link-local", "always refused"),
+    ("http://[fe80::a9fe:a9fe%25eth0]:80/", "fe80::/10 is link-local", "always refused"),
     ("http://[2002:a9fe:a9fe::]/", "the 6to4 form of 169.254.169.254", "always refused"),
     ("http://[64:ff9b::a9fe:a9fe]/", "the NAT64 form of 169.254.169.254", "always refused"),
     ("http://224.0.0.1/", "multicast", "always refused"),
@@ -602,7 +603,11 @@ async def test_always_refused_stays_refused_with_private_allowed(
 async def test_every_redirect_hop_is_checked(web: WebTools, server: str, network: NetworkGuard) -> None:
     """A redirect from an allowed server to the metadata address, in any spelling, is
     refused at that hop; only the first server was connected to."""
-    for target in ["http://169.254.169.254/latest/meta-data/", "http://2852039166/", "http://[::ffff:a9fe:a9fe]/"]:
+    for target in [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://2852039166/",
+        "http://[::ffff:a9fe:a9fe]/",
+    ]:
         url = f"{server}/redirect-to?to={target}"
         for name in ("fetch_page", "http_request"):
             message = await _refusal(web, name, url=url)
@@ -778,9 +783,11 @@ def test_default_registry_passes_allow_private_network(ws: Path, server: str) ->
     """default_registry's web tools refuse loopback unless allow_private_network=True."""
 
     async def fetch(allow: bool) -> str:
-        handler = default_registry(ws, include=["fetch_page"], allow_private_network=allow).get(
-            "fetch_page"
-        ).handler
+        handler = (
+            default_registry(ws, include=["fetch_page"], allow_private_network=allow)
+            .get("fetch_page")
+            .handler
+        )
         try:
             return str(await handler({"url": f"{server}/plain"}, tool_context("fetch_page")))
         except ToolError as exc:
