@@ -498,7 +498,10 @@ class _PinnedTransport(httpx.AsyncHTTPTransport):
     def __init__(self, backend: _PinnedBackend, ssl_context: ssl.SSLContext) -> None:
         super().__init__(verify=ssl_context, trust_env=False)
         # httpx has no option for a network backend, so the pool it built is replaced
-        # by one with ours; tests prove a refused address is never connected to.
+        # by one with ours. Should httpx rename the attribute, fail closed: a pool left
+        # in place would connect past the policy.
+        if not isinstance(getattr(self, "_pool", None), httpcore.AsyncConnectionPool):
+            raise RuntimeError("httpx's transport has no connection pool to replace")
         self._pool = httpcore.AsyncConnectionPool(ssl_context=ssl_context, network_backend=backend)
 
 
