@@ -52,14 +52,17 @@ def core_tool_names() -> list[str]:
 
 
 def all_tools(
-    workspace: str | os.PathLike[str] | Workspace, *, search_url: str | None = None
+    workspace: str | os.PathLike[str] | Workspace,
+    *,
+    search_url: str | None = None,
+    allow_private_network: bool = False,
 ) -> list[Tool]:
     """Every builtin tool, bound to `workspace`, in the order `GROUPS` lists them."""
     ws = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
     return [
         *file_tools(ws),
         *shell_tools(ws),
-        *web_tools(ws, search_url=search_url),
+        *web_tools(ws, search_url=search_url, allow_private_network=allow_private_network),
         *meta_tools(ws),
         *calculate_tools(),
     ]
@@ -70,14 +73,19 @@ def default_registry(
     *,
     include: Iterable[str] | None = None,
     search_url: str | None = None,
+    allow_private_network: bool = False,
 ) -> Registry:
     """A Registry of the builtin tools bound to `workspace` (an existing folder).
 
     `include` limits it to the named tools and groups (see `GROUPS`); an unknown name
     is a ValueError. `search_url` is the SearXNG-compatible endpoint of `search_web`
     (else the THREEPASS_SEARCH_URL environment variable, read at each call).
+
+    The web tools never connect to link-local or cloud metadata addresses, and reach
+    loopback and private ranges only with `allow_private_network=True` (the search
+    endpoint may be on them anyway: it is the operator's own configuration).
     """
-    tools = all_tools(workspace, search_url=search_url)
+    tools = all_tools(workspace, search_url=search_url, allow_private_network=allow_private_network)
     if include is not None:
         wanted = _expand(include)
         tools = [t for t in tools if t.name in wanted]

@@ -1,11 +1,17 @@
 """The web tools: `fetch_page`, `search_web`, `http_request`, `download_file`.
 
-All use `httpx.AsyncClient`, which runs on trio through anyio. A client lives for one
-call: a pooled connection belongs to the event loop that opened it, and a registry
-outlives any one `trio.run`. Only http and https URLs are accepted, redirects are
-followed (at most 10), and every body is read as a stream with a byte limit, so a
-huge or endless response costs no more than the limit. Nothing from the dispatcher's
-passes may be imported here.
+All use `httpx.AsyncClient` on anyio, so they run under trio and asyncio alike. A
+client lives for one call: a pooled connection belongs to the event loop that opened
+it, and a registry outlives any one event loop. Only http and https URLs are
+accepted, redirects are followed (at most 10), and every body is read as a stream
+with a byte limit, so a huge or endless response costs no more than the limit.
+
+Every connection, the first and each redirect's, goes through `_PinnedBackend`: the
+host is resolved once, every address it resolved to is checked against the network
+policy (`_netpolicy.py`), and the socket is opened to a checked address, never to the
+name, so a second lookup that answers differently (DNS rebinding) cannot happen.
+Proxies from the environment are ignored: a proxy would make the connection for us,
+past the check. Nothing from the dispatcher's passes may be imported here.
 """
 
 from __future__ import annotations
@@ -15,14 +21,18 @@ import contextlib
 import json
 import os
 import re
+import socket
 import ssl
 import zlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
+import anyio.to_thread
+import attrs
+import httpcore
 import httpx
-import trio
 import xxhash
 
 from cache import CachePolicy
@@ -31,9 +41,18 @@ from dispatcher._registry import Tool
 from dispatcher._types import ToolContext
 
 from ._html import html_to_text
+from ._netpolicy import Address, NetworkPolicy, RefusedAddress, numeric_host, parse_address
 from ._workspace import Workspace, staging_path
 
-__all__ = ["DOWNLOAD_TIMEOUT", "SEARCH_URL_ENV", "WebTools", "resource_url", "web_tools"]
+__all__ = [
+    "DOWNLOAD_TIMEOUT",
+    "SEARCH_URL_ENV",
+    "Resolver",
+    "WebTools",
+    "resource_url",
+    "system_resolver",
+    "web_tools",
+]
 
 SEARCH_URL_ENV = "THREEPASS_SEARCH_URL"
 USER_AGENT = "threepass/0.1 (+https://pypi.org/project/threepass/)"
@@ -44,10 +63,23 @@ _RETRYABLE_STATUS = frozenset({408, 425, 429})
 _MIB = 1024 * 1024
 
 
-def web_tools(workspace: Workspace, *, search_url: str | None = None) -> list[Tool]:
+Resolver = Callable[[str, int], Awaitable[Iterable[str]]]
+"""`(host, port) -> addresses`: how a host name becomes the addresses to check and connect to."""
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    """The system's lookup (getaddrinfo, off the event loop): every address of `host`."""
+    infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
+
+def web_tools(
+    workspace: Workspace, *, search_url: str | None = None, allow_private_network: bool = False
+) -> list[Tool]:
     """The web tools; `download_file` saves into `workspace`. `search_url` is the
-    SearXNG-compatible endpoint (else the THREEPASS_SEARCH_URL environment variable)."""
-    return WebTools(workspace, search_url=search_url).tools()
+    SearXNG-compatible endpoint (else the THREEPASS_SEARCH_URL environment variable).
+    `allow_private_network` lets the tools reach loopback and private addresses."""
+    return WebTools(workspace, search_url=search_url, allow_private_network=allow_private_network).tools()
 
 
 def resource_url(url: object) -> str:
@@ -64,7 +96,13 @@ def resource_url(url: object) -> str:
 
 class WebTools:
     """The web tools' handlers, with their limits. `request_timeout` is seconds per
-    network step (connect, each read)."""
+    network step (looking up and connecting, each read).
+
+    Link-local and cloud metadata addresses are always refused; loopback and the
+    private ranges only with `allow_private_network=True`. The search endpoint, being
+    the operator's own configuration, may be on loopback or a private range anyway.
+    `resolver` replaces the system's lookup (tests hand in a fake one).
+    """
 
     def __init__(
         self,
@@ -76,8 +114,12 @@ class WebTools:
         max_response_bytes: int = 1 * _MIB,
         max_download_bytes: int = 100 * _MIB,
         request_timeout: float = 30.0,
+        allow_private_network: bool = False,
+        resolver: Resolver = system_resolver,
     ) -> None:
         self.ws = workspace
+        self.policy = NetworkPolicy(allow_private=allow_private_network)
+        self.resolver = resolver
         self.search_url = search_url
         self.max_page_bytes = max_page_bytes
         self.max_page_chars = max_page_chars
@@ -171,9 +213,9 @@ class WebTools:
         if charset_note:
             header.append(charset_note)
         if _is_html(content_type, text):
-            # Parsing megabytes of HTML takes a while: not on the trio thread. The parse is
+            # Parsing megabytes of HTML takes a while: not on the event loop's thread. The parse is
             # pure, so on a timeout the thread is left to finish and its answer dropped.
-            title, text = await trio.to_thread.run_sync(
+            title, text = await anyio.to_thread.run_sync(
                 html_to_text, text, final_url, abandon_on_cancel=True
             )
             if title:
@@ -192,8 +234,11 @@ class WebTools:
         endpoint = _checked_url(endpoint)
         query: str = args["query"]
         limit = int(args.get("limit") or 5)
+        # The operator configured this host: it may be on loopback or a private range.
+        # Only it: a redirect elsewhere, and the result URLs, are checked as usual.
+        operator_host = httpx.URL(endpoint).raw_host.decode("ascii").lower()
         async with (
-            self._client() as client,
+            self._client(private_ok_host=operator_host) as client,
             _network_errors(endpoint),
             client.stream("GET", endpoint, params={"q": query, "format": "json"}) as response,
         ):
@@ -274,7 +319,7 @@ class WebTools:
         if target.is_dir():
             raise ToolError(f"{rel!r} is a folder; give a file path", retryable=False)
         self.ws.check_writable(target)  # before anything is staged beside it
-        await trio.Path(target.parent).mkdir(parents=True, exist_ok=True)
+        await anyio.Path(target.parent).mkdir(parents=True, exist_ok=True)
         staged = staging_path(target)
         digest = xxhash.xxh3_128()
         size = 0
@@ -292,7 +337,7 @@ class WebTools:
                 if declared.isdigit() and int(declared) > self.max_download_bytes:
                     raise _too_large(url, self.max_download_bytes)
                 async with (
-                    await trio.open_file(staged, "xb") as out,
+                    await anyio.open_file(staged, "xb") as out,
                     _body_chunks(response) as chunks,
                 ):
                     async for chunk in chunks:
@@ -304,7 +349,7 @@ class WebTools:
                 content_type = response.headers.get("content-type", "unknown")
                 final_url = str(response.url)
             session_id = ctx.session_id
-            await trio.to_thread.run_sync(
+            await anyio.to_thread.run_sync(
                 lambda: self.ws.install(
                     target,
                     staged,
@@ -318,19 +363,24 @@ class WebTools:
             installed = True
         finally:
             if not installed:
-                with trio.CancelScope(shield=True):
-                    await trio.Path(staged).unlink(missing_ok=True)
+                with anyio.CancelScope(shield=True):
+                    await anyio.Path(staged).unlink(missing_ok=True)
         return f"saved {size} bytes ({content_type}) from {final_url} to {rel}"
 
     # -- internals ---------------------------------------------------------------
 
     @asynccontextmanager
-    async def _client(self) -> AsyncIterator[httpx.AsyncClient]:
+    async def _client(self, private_ok_host: str | None = None) -> AsyncIterator[httpx.AsyncClient]:
+        """A client that connects only where the policy allows (and, for
+        `private_ok_host`, to loopback and private addresses too)."""
         if self._ssl_context is None:
-            # Loading the CA bundle takes a tenth of a second: once, off the trio thread.
-            self._ssl_context = await trio.to_thread.run_sync(httpx.create_ssl_context)
+            # Loading the CA bundle takes a tenth of a second: once, off the event loop.
+            self._ssl_context = await anyio.to_thread.run_sync(httpx.create_ssl_context)
+        backend = _PinnedBackend(self.policy, self.resolver, private_ok_host=private_ok_host)
         async with httpx.AsyncClient(
-            verify=self._ssl_context,
+            transport=_PinnedTransport(backend, self._ssl_context),
+            # No proxies, .netrc or certificate files from the environment.
+            trust_env=False,
             follow_redirects=True,
             max_redirects=10,
             timeout=httpx.Timeout(self.request_timeout),
@@ -338,6 +388,121 @@ class WebTools:
             headers={"User-Agent": USER_AGENT, "Accept-Encoding": "gzip, deflate"},
         ) as client:
             yield client
+
+
+# -- the pinned connection -------------------------------------------------------
+
+
+class _PinnedBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's network backend with the policy in front of every connection.
+
+    The host is resolved once (a numeric host, in any form, is not looked up), every
+    address is checked, and the socket is opened to a checked address as a number.
+    TLS still names the host: httpcore passes it for SNI and certificate checks, and
+    the Host header comes from the URL. A refused address raises RefusedAddress
+    before any socket is opened.
+    """
+
+    def __init__(
+        self, policy: NetworkPolicy, resolver: Resolver, *, private_ok_host: str | None = None
+    ) -> None:
+        self._policy = policy
+        self._resolver = resolver
+        self._private_ok_host = private_ok_host
+        self._inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's signature
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        policy = self._policy
+        if host.lower() == self._private_ok_host:
+            policy = attrs.evolve(policy, allow_private=True)
+        try:
+            with anyio.fail_after(timeout):
+                addresses = await self._addresses(host, port)
+                for address in addresses:
+                    rule = policy.check(address)
+                    if rule is not None:
+                        raise RefusedAddress(host, address, rule)
+                return await self._connect_any(host, addresses, port, local_address, socket_options)
+        except TimeoutError as exc:
+            raise httpcore.ConnectTimeout(
+                f"looking up and connecting to {host} took over {timeout} s"
+            ) from exc
+
+    async def _addresses(self, host: str, port: int) -> list[Address]:
+        numeric = numeric_host(host)
+        if numeric is not None:
+            return [numeric]
+        # What the system's lookup does first: a label over 63 characters or an empty
+        # one is a UnicodeError here, and no query goes out.
+        host.encode("idna")
+        try:
+            answers = list(await self._resolver(host, port))
+        except OSError as exc:
+            raise httpcore.ConnectError(f"could not look up {host!r}: {exc}") from exc
+        addresses: list[Address] = []
+        for answer in answers:
+            try:
+                address = parse_address(str(answer))
+            except ValueError as exc:
+                raise httpcore.ConnectError(
+                    f"the lookup of {host!r} answered {answer!r}, not an address"
+                ) from exc
+            if address not in addresses:
+                addresses.append(address)
+        if not addresses:
+            raise httpcore.ConnectError(f"the lookup of {host!r} found no address")
+        return addresses
+
+    async def _connect_any(
+        self,
+        host: str,
+        addresses: list[Address],
+        port: int,
+        local_address: str | None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None,
+    ) -> httpcore.AsyncNetworkStream:
+        """The first of the checked addresses that accepts, tried in the resolver's order."""
+        failures: list[str] = []
+        for address in addresses:
+            try:
+                return await self._inner.connect_tcp(
+                    str(address), port, local_address=local_address, socket_options=socket_options
+                )
+            except httpcore.ConnectError as exc:
+                failures.append(f"{address}: {exc}")
+        raise httpcore.ConnectError(f"could not connect to {host} ({'; '.join(failures)})")
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's signature
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError(f"the web tools connect over TCP only, not to {path!r}")
+
+    async def sleep(self, seconds: float) -> None:
+        await anyio.sleep(seconds)
+
+
+class _PinnedTransport(httpx.AsyncHTTPTransport):
+    """httpx's own transport (its request, response and error mapping) over a
+    connection pool that connects only through `backend`."""
+
+    def __init__(self, backend: _PinnedBackend, ssl_context: ssl.SSLContext) -> None:
+        super().__init__(verify=ssl_context, trust_env=False)
+        # httpx has no option for a network backend, so the pool it built is replaced
+        # by one with ours. Should httpx rename the attribute, fail closed: a pool left
+        # in place would connect past the policy.
+        if not isinstance(getattr(self, "_pool", None), httpcore.AsyncConnectionPool):
+            raise RuntimeError("httpx's transport has no connection pool to replace")
+        self._pool = httpcore.AsyncConnectionPool(ssl_context=ssl_context, network_backend=backend)
 
 
 # -- helpers ---------------------------------------------------------------------
@@ -391,6 +556,8 @@ async def _network_errors(url: str) -> AsyncIterator[None]:
     """Turn httpx's transport failures into ToolErrors that say what to do."""
     try:
         yield
+    except RefusedAddress as exc:
+        raise ToolError(f"refused {url}: {exc}", retryable=False) from exc
     except httpx.TooManyRedirects as exc:
         raise ToolError(f"too many redirects from {url}", retryable=False) from exc
     except httpx.TimeoutException as exc:
@@ -433,7 +600,7 @@ async def _body_chunks(response: httpx.Response) -> AsyncIterator[AsyncIterator[
     try:
         yield _DecodedBody(raw, decoder)
     finally:
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + 1):
+        with anyio.move_on_after(1, shield=True):
             await response.aclose()
             with contextlib.suppress(Exception):
                 async for _ in raw:

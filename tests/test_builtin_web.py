@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gzip
 import json
 import os
 import re
+import socket
 import struct
 import threading
 import time
@@ -25,10 +27,12 @@ from builtin_tools import default_registry
 from builtin_tools._html import html_to_text
 from builtin_tools._workspace import Workspace
 from builtin_tools.files import FileTools
-from builtin_tools.web import SEARCH_URL_ENV, WebTools, resource_url
+from builtin_tools.web import SEARCH_URL_ENV, WebTools, resource_url, system_resolver
+from dispatcher import Dispatcher, Status, ToolCall
 from dispatcher._exceptions import ToolError
 
 from ._fakes import tool_context
+from ._network import NetworkGuard, guard_network
 
 PAGE = b"""<!doctype html>
 <html><head><title>The &amp; Page</title><style>body { color: red }</style>
@@ -83,6 +87,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, b"just text\n  indented", "text/plain")
         elif path == "/redirect":
             self._send(302, b"", "text/plain", Location="/page")
+        elif path == "/redirect-to":
+            self._send(302, b"", "text/plain", Location=query["to"][0])
+        elif path.startswith("/to-localhost/"):  # the query is left alone: search_web sets it
+            port = self.headers["Host"].rsplit(":", 1)[1]
+            rest = self.path.removeprefix("/to-localhost/")
+            self._send(302, b"", "text/plain", Location=f"http://localhost:{port}/{rest}")
         elif path == "/redirect-bad-host":
             self._send(302, b"", "text/plain", Location=f"http://{LONG_HOST}/")
         elif path == "/loop":
@@ -170,9 +180,16 @@ def ws(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.fixture(autouse=True)
+def network(monkeypatch: pytest.MonkeyPatch) -> NetworkGuard:
+    """Every test here: loopback connections only, no lookups of names."""
+    return guard_network(monkeypatch)
+
+
 @pytest.fixture
 def web(ws: Path, server: str) -> WebTools:
-    return WebTools(Workspace(ws), search_url=f"{server}/search")
+    """The tools with loopback allowed, as the test server is on 127.0.0.1."""
+    return WebTools(Workspace(ws), search_url=f"{server}/search", allow_private_network=True)
 
 
 async def _call(web: WebTools, name: str, **args: Any) -> str:
@@ -207,7 +224,7 @@ async def test_fetch_page_returns_plain_text_as_is(web: WebTools, server: str) -
 
 async def test_fetch_page_reads_at_most_its_byte_limit(ws: Path, server: str) -> None:
     """A body over the limit is cut at the limit and marked."""
-    web = WebTools(Workspace(ws), max_page_bytes=1000)
+    web = WebTools(Workspace(ws), max_page_bytes=1000, allow_private_network=True)
     out = await _call(web, "fetch_page", url=f"{server}/big")
     assert "x" * 1000 in out and "x" * 1001 not in out
     assert out.endswith("[page cut: longer than this tool returns]")
@@ -262,7 +279,7 @@ async def test_redirect_loops_stop(web: WebTools, server: str) -> None:
 
 async def test_slow_server_times_out_as_retryable(ws: Path, server: str) -> None:
     """A server slower than the request timeout gives a retryable error."""
-    web = WebTools(Workspace(ws), request_timeout=0.2)
+    web = WebTools(Workspace(ws), request_timeout=0.2, allow_private_network=True)
     with pytest.raises(ToolError, match="timed out") as info:
         await _call(web, "fetch_page", url=f"{server}/slow")
     assert info.value.retryable is True
@@ -377,7 +394,7 @@ async def test_http_request_error_status_fails_with_the_body(web: WebTools, serv
 
 async def test_http_request_bounds_and_describes_bodies(ws: Path, server: str) -> None:
     """A long text body is cut at the limit; a binary one is described, not dumped."""
-    web = WebTools(Workspace(ws), max_response_bytes=500)
+    web = WebTools(Workspace(ws), max_response_bytes=500, allow_private_network=True)
     out = await _call(web, "http_request", url=f"{server}/big")
     assert out.endswith("x" * 500 + "\n[body cut at 500 bytes]")
     out = await _call(web, "http_request", url=f"{server}/image")
@@ -465,7 +482,7 @@ async def test_download_file_does_not_write_inside_a_git_folder(ws: Path, web: W
 
 async def test_download_file_over_the_limit_leaves_nothing(ws: Path, server: str) -> None:
     """A download past its byte limit fails and leaves no file, partial or final."""
-    web = WebTools(Workspace(ws), max_download_bytes=1000)
+    web = WebTools(Workspace(ws), max_download_bytes=1000, allow_private_network=True)
     with pytest.raises(ToolError, match="larger than the 1000-byte download limit"):
         await _call(web, "download_file", url=f"{server}/file.bin", path="f.bin")
     assert await trio.to_thread.run_sync(os.listdir, ws) == []
@@ -478,6 +495,306 @@ async def test_download_file_errors_leave_nothing(ws: Path, web: WebTools, serve
     with pytest.raises(ToolError, match="outside the workspace"):
         await _call(web, "download_file", url=f"{server}/file.bin", path="../f.bin")
     assert await trio.to_thread.run_sync(os.listdir, ws.parent) == ["ws"]
+
+
+# -- the network policy -------------------------------------------------------------------------
+
+
+class FakeResolver:
+    """A resolver that answers each lookup with the next list of addresses (the last
+    list repeats), recording every (host, port) it was asked about."""
+
+    def __init__(self, *answers: list[str]) -> None:
+        self.answers = list(answers)
+        self.calls: list[tuple[str, int]] = []
+
+    async def __call__(self, host: str, port: int) -> list[str]:
+        self.calls.append((host, port))
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+def _port(server: str) -> int:
+    return int(server.rsplit(":", 1)[1])
+
+
+async def _refusal(web: WebTools, name: str, **args: Any) -> str:
+    """The message of the ToolError the call ends in, which must not be retryable."""
+    with pytest.raises(ToolError) as info:
+        await _call(web, name, **args)
+    assert info.value.retryable is False
+    return info.value.message
+
+
+REFUSED_BY_DEFAULT = [
+    ("http://169.254.169.254/latest/meta-data/", "169.254.169.254", "always refused"),
+    ("http://10.0.0.1/", "10.0.0.1", "refused unless allow_private_network=True"),
+    ("http://[::ffff:169.254.169.254]/", "the IPv4-mapped form of 169.254.169.254", "always refused"),
+    ("http://2852039166/", "169.254.169.254", "always refused"),
+    ("http://0xa9fea9fe/", "169.254.169.254", "always refused"),
+    ("http://169.254.43518/", "169.254.169.254", "always refused"),
+    ("http://169.254.169.254./", "169.254.169.254", "always refused"),
+    ("http://0/", '0.0.0.0/8 is "this network"', "always refused"),
+    ("http://0x7f.1/", "127.0.0.1", "refused unless allow_private_network=True"),
+    ("http://127.1/", "127.0.0.1", "refused unless allow_private_network=True"),
+    ("http://[::1]/", "::1/128 is loopback", "refused unless allow_private_network=True"),
+    ("http://100.100.100.200/", "100.100.100.200", "always refused"),
+    ("http://100.64.0.1/", "carrier-grade NAT", "refused unless allow_private_network=True"),
+    ("https://[fd00:ec2::254]/", "fd00:ec2::254", "always refused"),
+    ("http://[fe80::1%25eth0]/", "fe80::/10 is link-local", "always refused"),
+    ("http://[fe80::a9fe:a9fe%25eth0]:80/", "fe80::/10 is link-local", "always refused"),
+    ("http://[2002:a9fe:a9fe::]/", "the 6to4 form of 169.254.169.254", "always refused"),
+    ("http://[64:ff9b::a9fe:a9fe]/", "the NAT64 form of 169.254.169.254", "always refused"),
+    ("http://224.0.0.1/", "multicast", "always refused"),
+]
+
+
+@pytest.mark.parametrize(("url", "named", "verdict"), REFUSED_BY_DEFAULT)
+async def test_refused_urls_fail_for_good_without_a_connection(
+    ws: Path, network: NetworkGuard, url: str, named: str, verdict: str
+) -> None:
+    """Metadata, private, loopback and every numeric or IPv6 spelling of them: each web
+    tool fails with a non-retryable error naming the address and the rule, and no
+    socket is connected."""
+    web = WebTools(Workspace(ws))
+    for name, args in [
+        ("fetch_page", {"url": url}),
+        ("http_request", {"url": url, "method": "POST", "body": "x"}),
+        ("download_file", {"url": url, "path": "f.bin"}),
+    ]:
+        message = await _refusal(web, name, **args)
+        assert message.startswith(f"refused {url}: the network policy refuses ")
+        assert named in message and message.endswith(verdict)
+    assert network.connects == [] and network.lookups == []
+    assert os.listdir(ws) == []
+
+
+async def test_a_numeric_form_httpx_cannot_parse_is_refused_as_a_url(ws: Path, network: NetworkGuard) -> None:
+    """Octal dotted forms are not valid URLs to httpx: refused before anything starts."""
+    message = await _refusal(WebTools(Workspace(ws)), "fetch_page", url="http://0251.0376.0251.0376/")
+    assert message.startswith("not a valid URL")
+    assert network.connects == []
+
+
+async def test_loopback_is_refused_by_default_and_reached_when_allowed(
+    ws: Path, server: str, network: NetworkGuard
+) -> None:
+    """The same loopback URL is refused without allow_private_network and fetched with it."""
+    message = await _refusal(WebTools(Workspace(ws)), "fetch_page", url=f"{server}/plain")
+    assert message.endswith("127.0.0.0/8 is loopback; refused unless allow_private_network=True")
+    assert network.connects == []
+    allowed = WebTools(Workspace(ws), allow_private_network=True)
+    assert (await _call(allowed, "fetch_page", url=f"{server}/plain")).endswith("just text\n  indented")
+    assert network.connects == [("127.0.0.1", _port(server))]
+
+
+@pytest.mark.parametrize(
+    "host", ["169.254.169.254", "0", "0.0.0.0", "[::ffff:169.254.169.254]", "[::]", "[::ffff:0.0.0.0]"]
+)
+async def test_always_refused_stays_refused_with_private_allowed(
+    web: WebTools, server: str, network: NetworkGuard, host: str
+) -> None:
+    """allow_private_network=True does not open metadata or "this network" (0.0.0.0 would
+    reach the loopback server on Linux): refused, nothing connected."""
+    message = await _refusal(web, "fetch_page", url=f"http://{host}:{_port(server)}/plain")
+    assert message.endswith("always refused")
+    assert network.connects == []
+
+
+async def test_every_redirect_hop_is_checked(web: WebTools, server: str, network: NetworkGuard) -> None:
+    """A redirect from an allowed server to the metadata address, in any spelling, is
+    refused at that hop; only the first server was connected to."""
+    for target in [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://2852039166/",
+        "http://[::ffff:a9fe:a9fe]/",
+    ]:
+        url = f"{server}/redirect-to?to={target}"
+        for name in ("fetch_page", "http_request"):
+            message = await _refusal(web, name, url=url)
+            assert message.startswith(f"refused {url}: the network policy refuses ")
+            assert message.endswith("always refused")
+        message = await _refusal(web, "download_file", url=url, path="f.bin")
+        assert "169.254.169.254" in message
+    assert {host for host, _ in network.connects} == {"127.0.0.1"}
+    assert network.refused == []
+
+
+async def test_a_name_is_looked_up_once_and_the_checked_address_connected(
+    ws: Path, server: str, network: NetworkGuard
+) -> None:
+    """DNS rebinding: the resolver answers loopback, then metadata; the request goes to
+    the loopback address it checked (the server sees the name in Host), with one
+    lookup and no second one; the next call looks up afresh and is refused."""
+    resolver = FakeResolver(["127.0.0.1"], ["169.254.169.254"])
+    web = WebTools(Workspace(ws), allow_private_network=True, resolver=resolver)
+    port = _port(server)
+    out = await _call(web, "http_request", url=f"http://rebind.test:{port}/echo")
+    assert json.loads(out.partition("\n\n")[2])["headers"]["host"] == f"rebind.test:{port}"
+    assert resolver.calls == [("rebind.test", port)]
+    assert network.connects == [("127.0.0.1", port)] and network.lookups == []
+    message = await _refusal(web, "fetch_page", url=f"http://rebind.test:{port}/page")
+    assert "'rebind.test' (169.254.169.254)" in message and message.endswith("always refused")
+    assert resolver.calls == [("rebind.test", port)] * 2
+    assert network.connects == [("127.0.0.1", port)]
+
+
+async def test_a_name_with_any_refused_address_is_refused(
+    ws: Path, server: str, network: NetworkGuard
+) -> None:
+    """A name resolving to an allowed and a refused address is refused outright: no
+    connection, not even to the allowed one."""
+    resolver = FakeResolver(["127.0.0.1", "::ffff:169.254.169.254"])
+    web = WebTools(Workspace(ws), allow_private_network=True, resolver=resolver)
+    message = await _refusal(web, "fetch_page", url=f"http://mixed.test:{_port(server)}/page")
+    assert "'mixed.test' (::ffff:a9fe:a9fe): the IPv4-mapped form of 169.254.169.254" in message
+    assert network.connects == []
+
+
+async def test_a_redirect_to_a_name_is_resolved_and_checked(web: WebTools, server: str) -> None:
+    """A redirect to a host name goes through the same lookup and check as the first hop."""
+    resolver = FakeResolver(["169.254.169.254"])
+    web.resolver = resolver
+    url = f"{server}/redirect-to?to=http://metadata.test/latest"
+    message = await _refusal(web, "fetch_page", url=url)
+    assert "'metadata.test' (169.254.169.254)" in message
+    assert resolver.calls == [("metadata.test", 80)]
+
+
+async def test_the_next_checked_address_is_tried_when_one_refuses(
+    ws: Path, server: str, network: NetworkGuard
+) -> None:
+    """A name with two allowed addresses connects to the second when the first refuses."""
+    resolver = FakeResolver(["127.0.0.2", "127.0.0.1"])
+    web = WebTools(Workspace(ws), allow_private_network=True, resolver=resolver)
+    out = await _call(web, "fetch_page", url=f"http://two.test:{_port(server)}/plain")
+    assert out.endswith("just text\n  indented")
+    assert network.connects == [("127.0.0.2", _port(server)), ("127.0.0.1", _port(server))]
+
+
+async def test_lookup_failures_and_slow_lookups(ws: Path) -> None:
+    """A failed lookup is a retryable connect error; a lookup that hangs counts toward
+    the request timeout."""
+
+    async def failing(host: str, port: int) -> list[str]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    async def hanging(host: str, port: int) -> list[str]:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    web = WebTools(Workspace(ws), resolver=failing)
+    with pytest.raises(ToolError, match=re.escape("could not look up 'nowhere.test'")) as failed:
+        await _call(web, "fetch_page", url="http://nowhere.test/")
+    assert failed.value.retryable is True
+    web = WebTools(Workspace(ws), resolver=hanging, request_timeout=0.1)
+    with pytest.raises(ToolError, match="timed out") as slow:
+        await _call(web, "fetch_page", url="http://slow.test/")
+    assert slow.value.retryable is True
+
+
+async def test_the_system_resolver_is_the_default_and_answers_addresses(ws: Path) -> None:
+    """Without a resolver the system's lookup is used; it returns address strings (a
+    numeric host needs no query)."""
+    assert WebTools(Workspace(ws)).resolver is system_resolver
+    assert await system_resolver("127.0.0.1", 80) == ["127.0.0.1"]
+
+
+async def test_environment_proxies_are_not_used(
+    web: WebTools, server: str, network: NetworkGuard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proxy named in the environment would connect past the check: it is ignored."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "all_proxy"):
+        monkeypatch.setenv(name, "http://169.254.169.254:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert (await _call(web, "fetch_page", url=f"{server}/plain")).endswith("just text\n  indented")
+    assert network.connects == [("127.0.0.1", _port(server))]
+
+
+async def test_the_search_endpoint_may_be_private_but_its_results_are_checked(
+    ws: Path, server: str, network: NetworkGuard
+) -> None:
+    """search_url on loopback works without allow_private_network; a redirect from it to
+    another private host, and a loopback URL the model fetches next, are refused."""
+    web = WebTools(Workspace(ws), search_url=f"{server}/search", resolver=FakeResolver(["127.0.0.1"]))
+    assert "1. Result 1 for x" in await _call(web, "search_web", query="x")
+    message = await _refusal(web, "fetch_page", url=f"{server}/page")
+    assert message.endswith("refused unless allow_private_network=True")
+    web.search_url = f"{server}/to-localhost/search"
+    message = await _refusal(web, "search_web", query="x")
+    assert "'localhost' (127.0.0.1): 127.0.0.0/8 is loopback" in message
+    assert network.connects == [("127.0.0.1", _port(server))] * 2
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["http://169.254.169.254/search", "http://[::ffff:169.254.169.254]/", "http://0xa9fea9fe/", "http://0/"],
+)
+async def test_a_search_endpoint_on_a_metadata_address_is_refused(
+    ws: Path, network: NetworkGuard, monkeypatch: pytest.MonkeyPatch, endpoint: str
+) -> None:
+    """The search endpoint is exempt from the private rule only: metadata and "this
+    network" are refused for it too, from the argument or the environment."""
+    message = await _refusal(WebTools(Workspace(ws), search_url=endpoint), "search_web", query="x")
+    assert message.startswith(f"refused {endpoint}") and message.endswith("always refused")
+    monkeypatch.setenv(SEARCH_URL_ENV, endpoint)
+    message = await _refusal(WebTools(Workspace(ws)), "search_web", query="x")
+    assert message.endswith("always refused")
+    assert network.connects == []
+
+
+def test_fetch_page_runs_under_asyncio(ws: Path, server: str, network: NetworkGuard) -> None:
+    """The handler works on an asyncio loop too: it fetches from loopback, and refuses
+    the metadata address without connecting."""
+    web = WebTools(Workspace(ws), allow_private_network=True)
+
+    async def main() -> tuple[str, ToolError]:
+        page = await web.fetch_page({"url": f"{server}/page"}, tool_context("fetch_page"))
+        try:
+            await web.fetch_page({"url": "http://169.254.169.254/"}, tool_context("fetch_page"))
+        except ToolError as exc:
+            return page, exc
+        raise AssertionError("the metadata address was not refused")
+
+    page, refused = asyncio.run(asyncio.wait_for(main(), 10))
+    assert page.startswith(f"URL: {server}/page\nTitle: The & Page")
+    assert refused.retryable is False and refused.message.endswith("always refused")
+    assert network.connects == [("127.0.0.1", _port(server))]
+
+
+async def test_a_refused_url_fails_its_call_and_its_siblings_run(ws: Path, server: str) -> None:
+    """In one batch through a Dispatcher, the refused call is failed and not retryable;
+    the call beside it runs."""
+    d = Dispatcher(default_registry(ws, include=["web"], search_url=f"{server}/search"))
+    s = d.session("s1", mode="direct")
+    s.load_tools(["fetch_page", "search_web"])
+    calls = [
+        ToolCall(id="c1", name="fetch_page", arguments={"url": "http://169.254.169.254/latest/"}),
+        ToolCall(id="c2", name="search_web", arguments={"query": "x"}),
+    ]
+    with trio.fail_after(10):
+        refused, searched = await s.dispatch(calls)
+    assert refused.status is Status.failed and refused.retryable is False
+    assert "refused http://169.254.169.254/latest/: the network policy" in refused.content
+    assert searched.status is Status.ok and "Result 1 for x" in searched.content
+
+
+def test_default_registry_passes_allow_private_network(ws: Path, server: str) -> None:
+    """default_registry's web tools refuse loopback unless allow_private_network=True."""
+
+    async def fetch(allow: bool) -> str:
+        handler = (
+            default_registry(ws, include=["fetch_page"], allow_private_network=allow)
+            .get("fetch_page")
+            .handler
+        )
+        try:
+            return str(await handler({"url": f"{server}/plain"}, tool_context("fetch_page")))
+        except ToolError as exc:
+            return exc.message
+
+    assert trio.run(fetch, False).endswith("refused unless allow_private_network=True")
+    assert trio.run(fetch, True).endswith("just text\n  indented")
 
 
 # -- flags and resources ----------------------------------------------------------------------
