@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import anyio
+import anyio.to_thread
 import pytest
-import trio
 
 from builtin_tools import default_registry
 from builtin_tools._html import html_to_text
@@ -193,7 +194,7 @@ def web(ws: Path, server: str) -> WebTools:
 
 
 async def _call(web: WebTools, name: str, **args: Any) -> str:
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         return str(await getattr(web, name)(args, tool_context(name)))
 
 
@@ -431,7 +432,7 @@ async def test_a_decompression_bomb_is_cut_at_the_limit_in_small_memory(web: Web
     assert len(_gzip_of_zeros(1024)) < 2 * _MIB  # built before memory is measured
     tracemalloc.start()
     try:
-        with trio.fail_after(10):
+        with anyio.fail_after(10):
             out = await _call(web, "http_request", url=f"{server}/bomb")
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -485,7 +486,7 @@ async def test_download_file_over_the_limit_leaves_nothing(ws: Path, server: str
     web = WebTools(Workspace(ws), max_download_bytes=1000, allow_private_network=True)
     with pytest.raises(ToolError, match="larger than the 1000-byte download limit"):
         await _call(web, "download_file", url=f"{server}/file.bin", path="f.bin")
-    assert await trio.to_thread.run_sync(os.listdir, ws) == []
+    assert await anyio.to_thread.run_sync(os.listdir, ws) == []
 
 
 async def test_download_file_errors_leave_nothing(ws: Path, web: WebTools, server: str) -> None:
@@ -494,7 +495,7 @@ async def test_download_file_errors_leave_nothing(ws: Path, web: WebTools, serve
         await _call(web, "download_file", url=f"{server}/status/404", path="f.bin")
     with pytest.raises(ToolError, match="outside the workspace"):
         await _call(web, "download_file", url=f"{server}/file.bin", path="../f.bin")
-    assert await trio.to_thread.run_sync(os.listdir, ws.parent) == ["ws"]
+    assert await anyio.to_thread.run_sync(os.listdir, ws.parent) == ["ws"]
 
 
 # -- the network policy -------------------------------------------------------------------------
@@ -679,7 +680,7 @@ async def test_lookup_failures_and_slow_lookups(ws: Path) -> None:
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
     async def hanging(host: str, port: int) -> list[str]:
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
         raise AssertionError("unreachable")
 
     web = WebTools(Workspace(ws), resolver=failing)
@@ -772,7 +773,7 @@ async def test_a_refused_url_fails_its_call_and_its_siblings_run(ws: Path, serve
         ToolCall(id="c1", name="fetch_page", arguments={"url": "http://169.254.169.254/latest/"}),
         ToolCall(id="c2", name="search_web", arguments={"query": "x"}),
     ]
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         refused, searched = await s.dispatch(calls)
     assert refused.status is Status.failed and refused.retryable is False
     assert "refused http://169.254.169.254/latest/: the network policy" in refused.content
@@ -793,8 +794,8 @@ def test_default_registry_passes_allow_private_network(ws: Path, server: str) ->
         except ToolError as exc:
             return exc.message
 
-    assert trio.run(fetch, False).endswith("refused unless allow_private_network=True")
-    assert trio.run(fetch, True).endswith("just text\n  indented")
+    assert anyio.run(fetch, False).endswith("refused unless allow_private_network=True")
+    assert anyio.run(fetch, True).endswith("just text\n  indented")
 
 
 # -- flags and resources ----------------------------------------------------------------------
@@ -843,8 +844,8 @@ async def test_html_to_text_with_deeply_nested_links_is_fast() -> None:
     depth = 20_000
     page = '<a href="/x">t' * depth + "</a>" * depth
     assert len(page) > 300_000
-    with trio.fail_after(2):
-        _, text = await trio.to_thread.run_sync(
+    with anyio.fail_after(2):
+        _, text = await anyio.to_thread.run_sync(
             html_to_text, page, "https://h.example/", abandon_on_cancel=True
         )
     assert text == "[t](https://h.example/x)" * depth
