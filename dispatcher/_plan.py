@@ -23,8 +23,9 @@ from typing import Any, NamedTuple
 import attrs
 import xxhash
 
-from cache import CacheEntry, ResultCache, carries_credentials, resources_overlap
+from cache import CacheEntry, ResultCache, resources_overlap
 
+from ._credentials import carries_credentials
 from ._registry import RegisteredTool, Registry
 from ._results import describe, failure_result, safe_text, shown
 from ._types import Allow, Deny, Status, ToolCall, ToolResult
