@@ -31,9 +31,10 @@ What `redact_arguments` replaces, at any depth
       `{"X-Api-Key": ...}`, `[["Cookie", ...]]` pairs); a mapping or list under such a
       key has every text and number inside replaced;
     - in `params`, the values of credential parameters;
-    - in any text that is a URL (`scheme://...`): the values of credential query
-      parameters, the password of its user info, and a user name that stands alone
-      (`https://<token>@host`); everything else in the URL is kept byte for byte;
+    - in `url`, `uri` and `href`, and in any other text that is a URL (`scheme://...`):
+      the values of credential query parameters, the password of its user info, and a
+      user name that stands alone (`https://<token>@host`); every other byte of the URL
+      is kept as written (tabs and line breaks, which URL parsing drops, are dropped);
     - a text `body`: a JSON object or array is redacted field by field, a form
       (`a=1&password=x`) parameter by parameter; any other text body of a call that
       carries credentials is replaced whole (the rule cannot see names in it).
@@ -228,6 +229,8 @@ class _Redactor:
                 }
             elif name == "body" and isinstance(value, str):
                 out[key] = self.body(value, args)
+            elif name in _URL_KEYS and isinstance(value, str):  # what carries_credentials reads
+                out[key] = self.url(value)
             else:
                 out[key] = self.walk(value)
         return out
@@ -268,7 +271,7 @@ class _Redactor:
         if netloc == parts.netloc and query == parts.query:
             return url
         # rebuilt by hand, not with urlunsplit, so that every other byte stays as written
-        head = url[: url.index("//") + 2]
+        head = url[: url.index("//") + 2] if parts.netloc else ""
         rest = url[len(head) + len(parts.netloc) :]
         if query != parts.query:
             at = rest.index("?") + 1

@@ -7,6 +7,7 @@ import base64
 import copy
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,13 @@ def test_a_url_keeps_every_byte_but_its_credentials() -> None:
     assert redact_arguments({"url": "https://e.com/?q=1#x"})["url"] == "https://e.com/?q=1#x"
 
 
+def test_a_url_without_a_host_is_redacted_where_it_carries_credentials() -> None:
+    """A `url` argument is redacted whenever the cache would see credentials in it, host or not."""
+    args = {"url": "mailto:me@e.com?subject=hi&token=abc123"}
+    assert carries_credentials(args)
+    assert redact_arguments(args) == {"url": f"mailto:me@e.com?subject=hi&token={redact('abc123')}"}
+
+
 def test_a_lone_user_name_in_a_url_is_redacted() -> None:
     """`https://<token>@host` puts the secret in the user name: it is hidden too."""
     assert redact_arguments({"url": "https://ghp_abc123@github.com/r"}) == {
@@ -272,6 +280,13 @@ def test_redact_text_replaces_echoed_secrets_of_six_characters_or_more() -> None
 
 
 # --- the module ---------------------------------------------------------------------------------
+
+
+def test_the_cache_package_can_be_imported_first() -> None:
+    """`cache` reaches the kernel's rule lazily, so importing it before `dispatcher` works."""
+    code = "import cache; print(cache.carries_credentials({'headers': {'Api-Key': 'k'}}))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr
 
 
 def test_the_rule_imports_only_the_standard_library_and_xxhash() -> None:
