@@ -38,7 +38,10 @@ What `redact_arguments` replaces, at any depth
     - a text `body`: a JSON object or array is redacted field by field, a form
       (`a=1&password=x`) parameter by parameter; any other text body of a call that
       carries credentials is replaced whole (the rule cannot see names in it).
-    Booleans and nulls are kept (they hide nothing), and so are empty texts.
+    Booleans and nulls are kept (they hide nothing), and so are empty texts. A number
+    under a credential's name becomes a marker too: its secret outweighs a replay that
+    then fails the tool's `integer` schema. `code` is a credential only as a query
+    parameter: as an argument it is usually a program.
 
 `credential_values(args)` are the secrets themselves, with the forms a server may echo
 (a header's token without its scheme word, the percent-decoded and raw forms of a URL
