@@ -33,6 +33,13 @@ Invalidation index
     then, if anything overlaps, deletes under the write lock with one statement per
     written resource, so dropping every file entry costs one DELETE, not one per entry.
 
+Permissions
+    What a cache holds is nobody else's business: a folder it creates is 0700, and so are
+    the value files' subfolders; a database it creates (`cache.db` and its `-wal` and
+    `-shm`, which SQLite creates with the database's mode) and every value file are 0600.
+    Modes are set with `chmod` once a file exists, so the process's umask cannot widen
+    them. A folder or database that was already there keeps the mode its owner gave it.
+
 Reads
     With least-recently-used eviction, `diskcache.Cache.get` records every hit's access
     time: a write transaction per lookup (about 150 µs instead of 35). `get` therefore
@@ -97,6 +104,11 @@ _FORMAT: Final = 1
 _SWEEP_GRACE: Final = 300.0
 # An entry's access time (the LRU order) is refreshed by a hit at most this often.
 _TOUCH_AFTER: Final = 60.0
+
+_PRIVATE_DIR: Final = 0o700
+_PRIVATE_FILE: Final = 0o600
+_DATABASE: Final = "cache.db"
+_DATABASE_FILES: Final = (_DATABASE, f"{_DATABASE}-wal", f"{_DATABASE}-shm")
 
 _log = logging.getLogger("threepass.cache")
 _DECODER: Final = json.JSONDecoder()
@@ -240,6 +252,35 @@ def _decode(raw: bytes) -> tuple[float, CacheEntry]:
     raise _Undecodable("fields missing or of the wrong type")
 
 
+class _PrivateDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no types
+    """diskcache's `Disk`, except that a value file and the two folders above it are the
+    owner's alone."""
+
+    def store(self, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        stored: tuple[Any, ...] = super().store(*args, **kwargs)
+        filename = stored[2]
+        if filename is not None:
+            path = Path(self._directory, filename)
+            path.chmod(_PRIVATE_FILE)
+            path.parent.chmod(_PRIVATE_DIR)
+            path.parent.parent.chmod(_PRIVATE_DIR)
+        return stored
+
+
+def _private_folder(directory: Path) -> bool:
+    """Create `directory` (0700) if it is missing; True if a database must be created in it."""
+    if not directory.is_dir():
+        directory.mkdir(mode=_PRIVATE_DIR, parents=True, exist_ok=True)
+        directory.chmod(_PRIVATE_DIR)
+    return not (directory / _DATABASE).exists()
+
+
+def _private_database(directory: Path) -> None:
+    for name in _DATABASE_FILES:
+        with contextlib.suppress(FileNotFoundError):  # -wal and -shm come and go
+            (directory / name).chmod(_PRIVATE_FILE)
+
+
 def _connection(store: Any) -> sqlite3.Connection:
     # diskcache offers no public handle on its connection, and the reads index must
     # commit inside diskcache's own transaction. `_con` is per thread and reopened after
@@ -307,13 +348,17 @@ class DiskResultCache:
         self._counters = CacheCounters()
         self._store: Any = None  # a diskcache.Cache while healthy, None once disabled
         try:
+            new_database = _private_folder(self._directory)
             store = diskcache.Cache(
                 str(self._directory),
                 timeout=timeout,
+                disk=_PrivateDisk,
                 size_limit=size_limit,
                 eviction_policy="least-recently-used",
             )
             try:
+                if new_database:
+                    _private_database(self._directory)
                 with store.transact():
                     for statement in _SCHEMA:
                         _connection(store).execute(statement)

@@ -1,59 +1,318 @@
-"""The one credential rule: which arguments carry a secret. The result cache never stores
-such a call's result.
+"""The credential rule: which parts of a call are secrets, and how a recording hides them.
 
-Pure: nothing here touches the disk, the network or the clock.
+One rule serves both the result cache (a call that carries a credential is never cached)
+and the recorder (a credential's value never reaches the file).
+
+Names, by words
+    A name is split into words at anything that is not a letter or digit, at camelCase
+    humps and between letters and digits: `X-Api-Key` is x/api/key, `apiKey` api/key,
+    `SessionId` session/id, `PHPSESSID` phpsessid, `token2` token/2. A header or argument
+    name is a credential when it is a standard one (`Authorization`, `Cookie`,
+    `Set-Cookie`, `DPoP`, ...) or one of its words is in `_WORDS` (key, token, secret,
+    auth, authorization, session, signature, password, cookie, credential and a few
+    more). Whole words only: `Monkey`, `Keyboard`, `Author` and `Design` are not
+    credentials; `X-Author-Token` is (token). A query parameter (in a URL, in `params`,
+    in a form body) is judged the same way, and `code`, `sig`, `access_token`,
+    `id_token`, `refresh_token` and `client_secret` count whole, so `?code=` (an OAuth
+    authorisation code) is one while `?country_code=` is not. URL user info is a credential.
+
+The marker
+    `redact(value)` is the text `redacted.len-N.xxh3-H`: N is the value's length in
+    characters and H the 16 hex digits of xxh3-64 of its UTF-8 bytes. It is one string
+    scheme everywhere (header values, arguments, URL parts, result text) because a
+    recording is replayed through schema validation: a header's value must stay a
+    string, and inside a URL the marker uses only characters that need no escaping.
+    The same secret gives the same marker, so a replayed call keys and dedupes as it
+    did; a different secret gives a different one. A marker is never redacted again.
+    The hash is fast, not a password hash: a guessable secret can be confirmed from it.
+
+What `redact_arguments` replaces, at any depth
+    - the value of a key that is a credential name (`{"api_key": ...}`, `headers`
+      `{"X-Api-Key": ...}`, `[["Cookie", ...]]` pairs); a mapping or list under such a
+      key has every text and number inside replaced;
+    - in `params`, the values of credential parameters;
+    - in `url`, `uri` and `href`, and in any other text that is a URL (`scheme://...`):
+      the values of credential query parameters, the password of its user info, and a
+      user name that stands alone (`https://<token>@host`); every other byte of the URL
+      is kept as written (tabs and line breaks, which URL parsing drops, are dropped);
+    - a text `body`: a JSON object or array is redacted field by field, a form
+      (`a=1&password=x`) parameter by parameter; any other text body of a call that
+      carries credentials is replaced whole (the rule cannot see names in it).
+    Booleans and nulls are kept (they hide nothing), and so are empty texts. A number
+    under a credential's name becomes a marker too: its secret outweighs a replay that
+    then fails the tool's `integer` schema. `code` is a credential only as a query
+    parameter: as an argument it is usually a program.
+
+`credential_values(args)` are the secrets themselves, with the forms a server may echo
+(a header's token without its scheme word, the percent-decoded and raw forms of a URL
+part, the base64 of user info as Basic authentication sends it); `redact_text` replaces
+each of at least `MIN_ECHO_LENGTH` characters in a result's text.
+
+Nothing here does I/O. It imports the standard library and xxhash only; never `cache`.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import re
-from collections.abc import Mapping
-from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+from urllib.parse import unquote, unquote_plus, urlsplit
 
-__all__ = ["carries_credentials"]
+import xxhash
 
-_CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
-_SECRET_WORDS = frozenset(
-    {"token", "key", "apikey", "secret", "password", "passwd", "pwd", "signature", "sig", "auth",
-     "credential", "credentials", "session", "sessionid", "sessid", "phpsessid", "sid", "jwt", "bearer"}
+__all__ = [
+    "MIN_ECHO_LENGTH",
+    "carries_credentials",
+    "credential_values",
+    "is_credential_name",
+    "is_credential_parameter",
+    "is_marker",
+    "redact",
+    "redact_arguments",
+    "redact_text",
+    "url_credentials",
+]
+
+# Headers that are credentials by name, whatever their words.
+_STANDARD_NAMES: Final = frozenset(
+    {"authorization", "proxy-authorization", "cookie", "set-cookie", "dpop", "x-csrftoken"}
+)
+_WORDS: Final = frozenset(
+    {"key", "apikey", "token", "secret", "password", "passwd", "pwd", "passphrase", "signature",
+     "sig", "auth", "oauth", "authorization", "authentication", "credential", "credentials",
+     "session", "sessionid", "sessid", "phpsessid", "jsessionid", "sid", "jwt", "bearer",
+     "cookie", "cookies", "hmac", "otp"}
 )  # fmt: skip
-_WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+# Query parameters that are credentials as a whole name (not as a word: `country_code` is not).
+_PARAMETER_NAMES: Final = frozenset(
+    {"code", "sig", "access_token", "id_token", "refresh_token", "client_secret"}
+)
+_WORD: Final = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+_URL_START: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_FORM: Final = re.compile(r"[^=&\s]+=[^&\s]*(?:&[^=&\s]+=[^&\s]*)*")
+_MARKER: Final = re.compile(r"redacted\.len-[0-9]+\.xxh3-[0-9a-f]{16}")
+_URL_DROPPED: Final = re.compile(r"[\t\r\n]")
+_URL_KEYS: Final = ("url", "uri", "href")
+
+MIN_ECHO_LENGTH: Final = 6
+"""Shorter secrets are not searched for in result text: they would match ordinary words."""
 
 
-def _names_a_secret(name: str) -> bool:
-    """True if one word of the name is a secret's: `api_key`, `accessToken`, `X-Amz-Signature`;
-    not `keyword`, `author` or `design`."""
-    return any(word.lower() in _SECRET_WORDS for word in _WORD.findall(name))
+def is_credential_name(name: str) -> bool:
+    """True if a header or argument named `name` holds a credential: a standard name, or
+    one of its words is a secret's (`X-Api-Key`, `apiKey`, `Set-Cookie`), by whole words
+    (`Monkey`, `Keyboard` and `Author` are not)."""
+    if name.lower() in _STANDARD_NAMES:
+        return True
+    return any(word.lower() in _WORDS for word in _WORD.findall(name))
 
 
-def _url_has_credentials(url: str) -> bool:
+def is_credential_parameter(name: str) -> bool:
+    """True if a query parameter named `name` holds a credential: by the name rule, or
+    `code`, `sig`, `access_token`, `id_token`, `refresh_token`, `client_secret`."""
+    return name.lower() in _PARAMETER_NAMES or is_credential_name(name)
+
+
+def is_marker(value: object) -> bool:
+    """True if `value` is a marker `redact` made."""
+    return isinstance(value, str) and _MARKER.fullmatch(value) is not None
+
+
+def redact(value: str) -> str:
+    """The marker that stands for `value`: its length and xxh3-64; a marker stays itself."""
+    if is_marker(value):
+        return value
+    digest = xxhash.xxh3_64_hexdigest(value.encode("utf-8", "surrogatepass"))
+    return f"redacted.len-{len(value)}.xxh3-{digest}"
+
+
+def _query_pieces(query: str) -> list[tuple[str, str, str]]:
+    """(name as written, "=" or "", value as written) for each `&`-separated piece."""
+    pieces = []
+    for piece in query.split("&"):
+        name, eq, value = piece.partition("=")
+        pieces.append((name, eq, value))
+    return pieces
+
+
+def url_credentials(url: str) -> list[str]:
+    """The credentials in a URL, percent-decoded: its user info's password (or its user
+    name when that stands alone) and each credential query parameter's value, empty
+    ones included. Empty when it carries none or cannot be parsed."""
     try:
         parts = urlsplit(url)
+        username, password = parts.username, parts.password
     except ValueError:
-        return False
-    if parts.username or parts.password:
-        return True
-    return any(_names_a_secret(name) for name, _ in parse_qsl(parts.query, True))
+        return []
+    found: list[str] = []
+    if password is not None:
+        found.append(unquote(password))
+    elif username is not None:
+        found.append(unquote(username))
+    if parts.query:
+        for name, _, value in _query_pieces(parts.query):
+            if is_credential_parameter(unquote_plus(name)):
+                found.append(unquote_plus(value))
+    return found
+
+
+def _header_names(headers: object) -> Iterable[str]:
+    if isinstance(headers, Mapping):
+        return (str(name) for name in headers)
+    if isinstance(headers, list | tuple):
+        return (str(pair[0]) for pair in headers if isinstance(pair, list | tuple) and pair)
+    return ()
 
 
 def carries_credentials(args: Mapping[str, Any]) -> bool:
-    """True if the arguments carry a credential: an Authorization, Proxy-Authorization or
-    Cookie header, user info in a URL, or a query parameter named like a secret.
-
-    Such a call's result is never written to the result cache.
-    """
-    headers = args.get("headers")
-    if isinstance(headers, Mapping):
-        if any(str(name).lower() in _CREDENTIAL_HEADERS for name in headers):
-            return True
-    elif isinstance(headers, list):
-        for pair in headers:
-            if isinstance(pair, list | tuple) and pair and str(pair[0]).lower() in _CREDENTIAL_HEADERS:
-                return True
-    for name in ("url", "uri", "href"):
-        value = args.get(name)
-        if isinstance(value, str) and _url_has_credentials(value):
+    """True if the arguments carry a credential: a credential header (mapping or pairs),
+    a credential query parameter or user info in `url`/`uri`/`href`, or a credential
+    parameter in `params`. Such a call's result is never written to the result cache."""
+    if any(is_credential_name(name) for name in _header_names(args.get("headers"))):
+        return True
+    for key in _URL_KEYS:
+        value = args.get(key)
+        if isinstance(value, str) and url_credentials(value):
             return True
     params = args.get("params")
-    return bool(isinstance(params, Mapping) and any(_names_a_secret(str(k)) for k in params))
+    return isinstance(params, Mapping) and any(is_credential_parameter(str(k)) for k in params)
+
+
+class _Redactor:
+    """One walk over a call's arguments: the redacted copy, and the secrets it hid."""
+
+    def __init__(self) -> None:
+        self.secrets: set[str] = set()
+
+    def hide(self, value: str, *echoes: str) -> str:
+        if not value or is_marker(value):
+            return value
+        self.secrets.add(value)
+        self.secrets.update(e for e in echoes if e)
+        return redact(value)
+
+    def hide_all(self, value: Any) -> Any:
+        """Everything under a credential's name: texts and numbers become markers."""
+        if isinstance(value, str):
+            _, _, token = value.partition(" ")  # "Bearer abc": a server may echo "abc" alone
+            return self.hide(value, token.strip())
+        if isinstance(value, bool) or value is None:
+            return value
+        if isinstance(value, int | float):
+            return self.hide(json.dumps(value))
+        if isinstance(value, Mapping):
+            return {k: self.hide_all(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.hide_all(v) for v in value]
+        return value
+
+    def walk(self, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return self.mapping(value)
+        if isinstance(value, list | tuple):
+            return [self.walk(v) for v in value]
+        if isinstance(value, str) and _URL_START.match(value):
+            return self.url(value)
+        return value
+
+    def mapping(self, args: Mapping[Any, Any]) -> dict[Any, Any]:
+        out: dict[Any, Any] = {}
+        for key, value in args.items():
+            name = str(key)
+            if is_credential_name(name):
+                out[key] = self.hide_all(value)
+            elif name == "headers" and isinstance(value, list | tuple):
+                out[key] = [self.header_pair(pair) for pair in value]
+            elif name == "params" and isinstance(value, Mapping):
+                out[key] = {
+                    k: self.hide_all(v) if is_credential_parameter(str(k)) else self.walk(v)
+                    for k, v in value.items()
+                }
+            elif name == "body" and isinstance(value, str):
+                out[key] = self.body(value, args)
+            elif name in _URL_KEYS and isinstance(value, str):  # what carries_credentials reads
+                out[key] = self.url(value)
+            else:
+                out[key] = self.walk(value)
+        return out
+
+    def header_pair(self, pair: Any) -> Any:
+        if isinstance(pair, list | tuple) and len(pair) == 2 and is_credential_name(str(pair[0])):
+            return [pair[0], self.hide_all(pair[1])]
+        return self.walk(pair)
+
+    def query(self, query: str) -> str:
+        pieces = []
+        for name, eq, value in _query_pieces(query):
+            if eq and is_credential_parameter(unquote_plus(name)):
+                value = self.hide(unquote_plus(value), value)
+            pieces.append(f"{name}{eq}{value}")
+        return "&".join(pieces)
+
+    def url(self, url: str) -> str:
+        if _URL_DROPPED.search(url):  # urlsplit drops these, which would shift every offset
+            url = _URL_DROPPED.sub("", url)
+        try:
+            parts = urlsplit(url)
+            username = parts.username
+        except ValueError:
+            return url
+        netloc = parts.netloc
+        if username is not None:
+            userinfo, _, host = netloc.rpartition("@")
+            user, colon, secret = userinfo.partition(":")
+            if colon:
+                basic = f"{unquote(user)}:{unquote(secret)}".encode("utf-8", "surrogatepass")
+                echo = base64.b64encode(basic).decode("ascii")
+                secret = self.hide(unquote(secret), secret, echo)
+            else:
+                user = self.hide(unquote(user), user)
+            netloc = f"{user}{colon}{secret}@{host}"
+        query = self.query(parts.query) if parts.query else parts.query
+        if netloc == parts.netloc and query == parts.query:
+            return url
+        # rebuilt by hand, not with urlunsplit, so that every other byte stays as written
+        head = url[: url.index("//") + 2] if parts.netloc else ""
+        rest = url[len(head) + len(parts.netloc) :]
+        if query != parts.query:
+            at = rest.index("?") + 1
+            rest = rest[:at] + query + rest[at + len(parts.query) :]
+        return head + netloc + rest
+
+    def body(self, body: str, request: Mapping[Any, Any]) -> str:
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict | list):
+            redacted = self.walk(parsed)
+            return body if redacted == parsed else json.dumps(redacted, ensure_ascii=False)
+        if _FORM.fullmatch(body):
+            return self.query(body)
+        if is_marker(body) or not carries_credentials(request):
+            return body
+        return self.hide(body)
+
+
+def redact_arguments(args: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `args` with every credential replaced by its marker (the module's
+    docstring lists what counts). Idempotent: redacting a redacted copy changes nothing."""
+    return _Redactor().mapping(args)
+
+
+def credential_values(args: Mapping[str, Any]) -> frozenset[str]:
+    """The secrets `redact_arguments(args)` hides, with the forms a server may echo them in."""
+    walker = _Redactor()
+    walker.mapping(args)
+    return frozenset(walker.secrets)
+
+
+def redact_text(text: str, secrets: Iterable[str]) -> str:
+    """`text` with each occurrence of a secret of `MIN_ECHO_LENGTH` characters or more
+    replaced by the secret's marker, longest secrets first."""
+    for secret in sorted((s for s in secrets if len(s) >= MIN_ECHO_LENGTH), key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, redact(secret))
+    return text

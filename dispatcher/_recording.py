@@ -8,6 +8,14 @@ crash can at worst leave a truncated last line; replay reports it and replays th
 Replay runs no tool: pass 2's runner serves the recorded result of each call that runs,
 the gate answers with the recorded decision, and the first place where the passes
 decide otherwise than the recording says is reported as a `Divergence`.
+
+No secret is written (`_credentials` says what counts as one): arguments, gate
+decisions and the plan's keys are those of the redacted arguments, and each secret of a
+batch that a result echoes (at least `MIN_ECHO_LENGTH` characters) is replaced in that
+result's text by its marker. A call's arguments that are a JSON text which is not an
+object are kept as they are. Replay treats the calls and results it makes the same way
+before comparing, so the same secret matches and a different one diverges. The file is
+created 0600.
 """
 
 from __future__ import annotations
@@ -21,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ._credentials import credential_values, redact_arguments, redact_text
 from ._exceptions import DispatchInterrupted, HookBlocked
-from ._plan import FIND_TOOLS, Plan, PlannedCall
+from ._plan import FIND_TOOLS, Plan, PlannedCall, call_key, canonical_json
 from ._registry import Registry
 from ._results import normalize_output
 from ._types import Allow, Decision, Deny, Interrupt, Status, ToolCall, ToolContext, ToolResult
@@ -33,15 +42,47 @@ if TYPE_CHECKING:
 __all__ = ["FORMAT_VERSION", "Divergence", "Recorder", "ReplayReport", "read_recording", "replay"]
 
 FORMAT_VERSION = 1
+_PRIVATE_FILE = 0o600
 
 
-def _call_json(item: Any) -> dict[str, Any]:
+def _redacted(arguments: Mapping[str, Any] | str, secrets: set[str]) -> Mapping[str, Any] | str:
+    """`arguments` with their credentials replaced by markers; the secrets go to `secrets`.
+    Arguments given as JSON text stay text (rewritten only when they hold a credential)."""
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except (ValueError, RecursionError):
+            return arguments
+        if not isinstance(parsed, dict):
+            return arguments
+        redacted: Mapping[str, Any] | str = _redacted(parsed, secrets)
+        return arguments if redacted == parsed else json.dumps(redacted, ensure_ascii=False)
+    secrets.update(credential_values(arguments))
+    return redact_arguments(arguments)
+
+
+def _call_json(item: Any, secrets: set[str]) -> dict[str, Any]:
     try:
         call = ToolCall.parse(item)
     except (TypeError, ValueError):
         return {"unreadable": repr(item)}
-    args = call.arguments if isinstance(call.arguments, str) else dict(call.arguments)
-    return {"id": call.id, "name": call.name, "arguments": args}
+    return {"id": call.id, "name": call.name, "arguments": _redacted(call.arguments, secrets)}
+
+
+def _recorded_key(planned: PlannedCall, secrets: set[str]) -> str | None:
+    """The call's key as pass 1 computes it from its redacted arguments: the key a
+    recording holds and replay compares."""
+    secrets.update(credential_values(planned.args))
+    if planned.key is None:
+        return None
+    redacted = redact_arguments(planned.args)
+    return planned.key if redacted == dict(planned.args) else call_key(planned.name, canonical_json(redacted))
+
+
+def _result_json(result: ToolResult, secrets: set[str]) -> dict[str, Any]:
+    recorded = result.to_json()
+    recorded["content"] = redact_text(result.content, secrets)
+    return recorded
 
 
 def _how(planned: PlannedCall, result: ToolResult | None) -> str:
@@ -56,9 +97,9 @@ def _how(planned: PlannedCall, result: ToolResult | None) -> str:
     return "ran" if result is not None else "unfinished"
 
 
-def _decision_json(decision: Decision) -> dict[str, Any]:
+def _decision_json(decision: Decision, secrets: set[str]) -> dict[str, Any]:
     if isinstance(decision, Allow):
-        return {"allow": None if decision.args is None else dict(decision.args)}
+        return {"allow": None if decision.args is None else _redacted(decision.args, secrets)}
     if isinstance(decision, Deny):
         return {"deny": decision.reason}
     return {"interrupt": decision.reason}
@@ -107,7 +148,9 @@ class Recorder:
             line = json.dumps(record, ensure_ascii=True, default=str) + "\n"
             if not self._started:
                 line = json.dumps(self._header, ensure_ascii=True, default=str) + "\n" + line
-            with open(self.path, "a", encoding="utf-8") as f:
+            # created readable by its owner only (a umask can narrow that, never widen it)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, _PRIVATE_FILE)
+            with open(fd, "a", encoding="utf-8") as f:
                 f.write(line)
                 f.flush()
         except (OSError, TypeError, ValueError, RecursionError) as exc:
@@ -130,19 +173,23 @@ class Recorder:
         control: BaseException | None,
         all_loaded: bool = False,
     ) -> None:
+        secrets: set[str] = set()  # filled by the redaction of calls, decisions and keys
+        recorded_calls = [_call_json(c, secrets) for c in calls]
+        recorded_decisions = {k: _decision_json(v, secrets) for k, v in decisions.items()}
+        plan_rows = [
+            {"name": p.name, "key": _recorded_key(p, secrets), "how": _how(p, r)}
+            for p, r in zip(plan.calls, results, strict=True)
+        ]
         self._append(
             {
                 "type": "batch",
                 "run": run_id,
                 "round": round,
                 "all_loaded": all_loaded,  # `invoke`: every tool counts as loaded
-                "calls": [_call_json(c) for c in calls],
-                "decisions": {k: _decision_json(v) for k, v in decisions.items()},
-                "plan": [
-                    {"name": p.name, "key": p.key, "how": _how(p, r)}
-                    for p, r in zip(plan.calls, results, strict=True)
-                ],
-                "results": [None if r is None else r.to_json() for r in results],
+                "calls": recorded_calls,
+                "decisions": recorded_decisions,
+                "plan": plan_rows,
+                "results": [None if r is None else _result_json(r, secrets) for r in results],
                 "control": None if control is None else type(control).__name__,
             }
         )
@@ -228,6 +275,7 @@ class _BatchServer:
     number: int
     plan_rows: Sequence[Mapping[str, Any]]
     recorded: Sequence[Mapping[str, Any] | None]
+    secrets: set[str] = attrs.field(factory=set)  # of the calls served, as the recorder finds them
 
     async def __call__(self, planned: PlannedCall, ctx: ToolContext) -> ToolResult:
         i = planned.index
@@ -236,15 +284,17 @@ class _BatchServer:
         if row is None or row["how"] != "ran" or want is None:
             got = "the call ran"
             raise _DivergenceSignal(Divergence(self.number, i, planned.call_id, f"{row and row['how']}", got))
-        if row["name"] != planned.name or row["key"] != planned.key:
+        key = _recorded_key(planned, self.secrets)
+        if row["name"] != planned.name or row["key"] != key:
             expected = f"{row['name']} with key {row['key']}"
-            got = f"{planned.name} with key {planned.key}"
+            got = f"{planned.name} with key {key}"
             raise _DivergenceSignal(Divergence(self.number, i, planned.call_id, expected, got))
         recorded = ToolResult.from_json(want)
         if planned.name == FIND_TOOLS and planned.tool is not None:
             # the dispatcher's own tool: it touches nothing outside the session, and loading
             # the schemas it finds is what later calls depend on, so it runs for real
             again = normalize_output(await planned.tool.tool.handler(planned.args, ctx))
+            again = redact_text(again, self.secrets)
             if recorded.status is Status.ok and again != recorded.content:
                 raise _DivergenceSignal(
                     Divergence(
@@ -254,12 +304,14 @@ class _BatchServer:
         return recorded
 
 
-def _same(expected: Mapping[str, Any], got: ToolResult) -> str | None:
-    """What differs between a recorded result and a replayed one (None: the same)."""
+def _same(expected: Mapping[str, Any], got: ToolResult, secrets: set[str]) -> str | None:
+    """What differs between a recorded result and a replayed one (None: the same), the
+    replayed one's text redacted as the recorder redacts it."""
     if expected["status"] != got.status.value:
         return f"status {got.status.value}"
-    if expected["content"] != got.content:
-        return f"content {got.content[:120]!r}"
+    content = redact_text(got.content, secrets)
+    if expected["content"] != content:
+        return f"content {content[:120]!r}"
     if bool(expected.get("deduped")) != got.deduped:
         return f"deduped={got.deduped}"
     return None
@@ -313,7 +365,7 @@ async def replay(
         for i, (want, got) in enumerate(zip(recorded, results, strict=False)):
             if want is None:
                 continue
-            differs = _same(want, got)
+            differs = _same(want, got, serve.secrets)
             if differs is not None:
                 div = Divergence(
                     number, i, got.call_id, f"{want['status']} {want['content'][:120]!r}", differs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -12,8 +13,10 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import diskcache
 import platformdirs
@@ -22,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cache
+from builtin_tools import default_registry
 from cache import (
     CacheEntry,
     CacheStatistics,
@@ -32,6 +36,7 @@ from cache import (
     default_cache_dir,
     resources_overlap,
 )
+from dispatcher import Dispatcher
 
 REPO = Path(cache.__file__).resolve().parents[1]
 LOGGER = "threepass.cache"
@@ -780,3 +785,134 @@ def test_set_many_writes_a_batch_in_one_transaction(disk: DiskResultCache) -> No
     assert con.total_changes > before
     assert sum(1 for sql in commits if sql.strip().upper().startswith("COMMIT")) == 1
     assert len(disk.get_many_sync([f"k{i}" for i in range(50)])) == 50
+# --- permissions --------------------------------------------------------------------------------
+
+
+def _modes(folder: Path) -> dict[str, tuple[bool, int]]:
+    """(is a file, permission bits) of the folder and of everything under it, by relative path."""
+    found = {".": (False, folder.stat().st_mode & 0o777)}
+    for path in folder.rglob("*"):
+        found[str(path.relative_to(folder))] = (path.is_file(), path.stat().st_mode & 0o777)
+    return found
+
+
+def test_a_new_cache_is_readable_by_its_owner_only(folder: Path, clock: FakeClock) -> None:
+    """A folder the cache creates is 0700, its database files and value files 0600, whatever the umask."""
+    old = os.umask(0o022)
+    try:
+        disk = DiskResultCache(folder / "deeper", clock=clock)
+        disk.set_sync("small", "x", ttl=60)
+        disk.set_sync("large", "y" * 100_000, ttl=60)  # over diskcache's 32 KiB: a value file
+        modes = _modes(folder / "deeper")
+    finally:
+        os.umask(old)
+        disk.close()
+    assert {"cache.db", "cache.db-wal", "cache.db-shm"} <= set(modes)
+    value_files = [name for name in modes if name.endswith(".val")]
+    assert len(value_files) == 1
+    for name, (is_file, mode) in modes.items():
+        assert mode == (0o600 if is_file else 0o700), f"{name} is {oct(mode)}"
+
+
+def test_an_existing_folder_keeps_its_mode(folder: Path, clock: FakeClock) -> None:
+    """A folder that was already there is left as its owner made it; the new database in it is 0600."""
+    folder.mkdir(mode=0o750)
+    folder.chmod(0o750)
+    DiskResultCache(folder, clock=clock).close()
+    assert folder.stat().st_mode & 0o777 == 0o750
+    assert (folder / "cache.db").stat().st_mode & 0o777 == 0o600
+
+
+# --- credentials never reach the disk -----------------------------------------------------------
+
+
+class _EchoHandler(BaseHTTPRequestHandler):
+    """Answers every request with its request line and headers: a server that echoes secrets."""
+
+    def do_GET(self) -> None:
+        body = f"{self.requestline}\n{self.headers}".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def echo_server() -> Iterator[str]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _EchoHandler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+
+SECRET = "s3cr3t-Value-9f2c"
+BASIC = base64.b64encode(f"user:{SECRET}".encode()).decode()  # what user info is sent as
+_CREDENTIAL_HEADERS = ["X-Api-Key", "X-Auth-Token", "Api-Key", "Private-Token", "X-Goog-Api-Key",
+                       "Ocp-Apim-Subscription-Key", "Authorization", "Proxy-Authorization",
+                       "Cookie"]  # fmt: skip
+
+
+def _web_dispatcher(tmp_path: Path, folder: Path) -> tuple[Dispatcher, DiskResultCache]:
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    store = DiskResultCache(folder)
+    return Dispatcher(default_registry(ws, include=["web"], allow_private_network=True), cache=store), store
+
+
+def _files_holding(folder: Path, secret: str) -> list[str]:
+    """Every file under `folder` whose bytes hold `secret` (the -wal included)."""
+    return [str(p) for p in folder.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+def _call_cases(server: str) -> list[tuple[str, str, dict[str, Any]]]:
+    cases = [(f"header {name}", "http_request", {"url": f"http://{server}/h",
+                                                 "headers": {name: SECRET}})
+             for name in _CREDENTIAL_HEADERS]  # fmt: skip
+    for param in ("code", "sig", "access_token", "api_key"):
+        for tool in ("http_request", "fetch_page"):
+            cases.append((f"{tool} ?{param}=", tool, {"url": f"http://{server}/q?{param}={SECRET}"}))
+        args = {"url": f"http://{server}/p", "params": {param: SECRET}}
+        cases.append((f"params {param}", "http_request", args))
+    for tool in ("http_request", "fetch_page"):
+        cases.append((f"{tool} user:pass@", tool, {"url": f"http://user:{SECRET}@{server}/u"}))
+    return cases
+
+
+async def test_a_request_with_a_credential_is_never_written_to_disk(tmp_path: Path, echo_server: str) -> None:
+    """A response to a request carrying a credential (header, query, user info) never reaches the store."""
+    folder = tmp_path / "cache"
+    dispatcher, store = _web_dispatcher(tmp_path, folder)
+    for label, tool, args in _call_cases(echo_server):
+        result = await dispatcher.invoke(tool, args)
+        assert result.ok, (label, result.content)
+        assert not result.cached, label
+        # the server echoed it: had the result been stored, the search below would find it
+        assert (BASIC if "user:pass" in label else SECRET) in result.content, label
+    assert store.statistics_sync().writes == 0
+    assert store.statistics_sync().entries == 0
+    assert _files_holding(folder, SECRET) == _files_holding(folder, BASIC) == []
+    store.close()
+
+
+async def test_a_header_that_only_looks_like_a_credential_is_cached(tmp_path: Path, echo_server: str) -> None:
+    """`Monkey` is no credential: its response is cached, and the echoed value is found on disk."""
+    folder = tmp_path / "cache"
+    dispatcher, store = _web_dispatcher(tmp_path, folder)
+    args = {"url": f"http://{echo_server}/m", "headers": {"Monkey": "banana-echo-77"}}
+    first = await dispatcher.invoke("http_request", args)
+    assert first.ok and "banana-echo-77" in first.content
+    assert store.statistics_sync().writes == 1
+    assert _files_holding(folder, "banana-echo-77")  # the search would find a stored secret
+    again, _ = _web_dispatcher(tmp_path, folder)
+    assert (await again.invoke("http_request", args)).cached
+    store.close()

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import threading
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from dispatcher import Deny, Dispatcher, Status, Tool, ToolCall, replay
+from builtin_tools import default_registry
+from dispatcher import Allow, Deny, Dispatcher, Registry, Status, Tool, ToolCall, replay
+from dispatcher._credentials import redact
+from dispatcher._recording import Recorder
 
 from ._fakes import Counter, call, fake_registry, openai_call
 
@@ -165,3 +173,206 @@ async def test_calls_json_cannot_hold_as_is_never_cost_the_batch(tmp_path: Path)
     assert r.status is Status.invalid_arguments
     assert isinstance(s.recorder.problem, TypeError)  # type: ignore[union-attr]
     assert (await replay(path, Dispatcher(fake_registry(Counter(), {})))).calls == 2
+
+
+# --- no secrets at rest -------------------------------------------------------------------------
+
+
+def _echo_registry(counter: Counter) -> Registry:
+    """One tool, `request`, shaped like http_request, whose result echoes every argument back."""
+
+    async def request(args: Mapping[str, Any], ctx: Any) -> str:
+        counter.enter("request", str(args.get("url")))
+        counter.leave()
+        return json.dumps(args, sort_keys=True)
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "url": {"type": "string"},
+            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+            "params": {"type": "object", "additionalProperties": {"type": ["string", "number"]}},
+            "body": {"type": ["string", "object"]},
+        },
+        "required": ["url"],
+    }
+    return Registry([Tool("request", "Echo a request.", request, schema, concurrent=True, deferred=False)])
+
+
+_PLACES = ["header", "bearer", "query", "password", "arg", "nested", "body", "params", "openai", "other"]
+SECRETS = {name: f"{name}-{i}{i}{i}-s3cr3t" for i, name in enumerate(_PLACES)}
+
+
+def _secret_request(call_id: str, header: str = SECRETS["header"]) -> ToolCall:
+    return ToolCall(
+        call_id,
+        "request",
+        {
+            "url": f"https://me:{SECRETS['password']}@api.test/v1?q=cats&access_token={SECRETS['query']}",
+            "headers": {"X-Api-Key": header, "Authorization": f"Bearer {SECRETS['bearer']}", "Monkey": "x"},
+            "params": {"sig": SECRETS["params"], "page": 2},
+            "body": json.dumps({"client_secret": SECRETS["body"], "scope": "read"}),
+            "api_key": SECRETS["arg"],
+            "auth": {"password": SECRETS["nested"]},
+        },
+    )
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_a_recording_holds_markers_not_secrets_and_replays(tmp_path: Path) -> None:
+    """Secrets in headers, URLs, params, bodies, arguments and echoes are markers on disk; replay is ok."""
+    path = tmp_path / "s.jsonl"
+    counter = Counter()
+    s = Dispatcher(_echo_registry(counter)).session("rec", record=path)
+    token = {"Private-Token": SECRETS["openai"]}
+    first = await s.dispatch(
+        [_secret_request("1"), openai_call("2", "request", {"url": "https://api.test/", "headers": token})]
+    )
+    assert SECRETS["header"] in first[0].content  # the tool did echo them
+    again = await s.dispatch([_secret_request("3")])  # the same secrets: the same call
+    other = await s.dispatch([_secret_request("4", header=SECRETS["other"])])  # another secret: another call
+    assert (again[0].deduped, other[0].deduped) == (True, False)
+
+    text = path.read_bytes()
+    basic = base64.b64encode(f"me:{SECRETS['password']}".encode())
+    for secret in [*SECRETS.values(), basic.decode()]:
+        assert secret.encode() not in text, secret
+    records = _records(path)
+    call = records[1]["calls"][0]["arguments"]
+    assert call["headers"] == {
+        "X-Api-Key": redact(SECRETS["header"]),
+        "Authorization": redact(f"Bearer {SECRETS['bearer']}"),
+        "Monkey": "x",
+    }
+    assert f".len-{len(SECRETS['header'])}." in call["headers"]["X-Api-Key"]
+    assert call["api_key"] == redact(SECRETS["arg"]) and call["params"]["page"] == 2
+    password, query = redact(SECRETS["password"]), redact(SECRETS["query"])
+    assert call["url"] == f"https://me:{password}@api.test/v1?q=cats&access_token={query}"
+    assert redact(SECRETS["openai"]).encode() in text  # inside OpenAI's JSON-text arguments, which stay text
+    assert isinstance(records[1]["calls"][1]["arguments"], str)
+    assert redact(SECRETS["nested"]) in records[1]["results"][0]["content"]  # the echo, redacted
+    assert [b["plan"][0]["how"] for b in records[1:]] == ["ran", "deduped", "ran"]
+
+    replayed = Counter()
+    report = await replay(path, Dispatcher(_echo_registry(replayed)))
+    assert report.ok, report.divergence
+    assert report.calls == 4 and replayed.runs == []
+
+
+async def test_a_different_secret_at_replay_diverges(tmp_path: Path) -> None:
+    """A recorded call whose secret is not the one recorded (its marker changed) is reported, not served."""
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(_echo_registry(Counter())).session("rec", record=path)
+    await s.dispatch([_secret_request("1")])
+    assert (await replay(path, Dispatcher(_echo_registry(Counter())))).ok
+    records = _records(path)
+    records[1]["calls"][0]["arguments"]["headers"]["X-Api-Key"] = redact("not-the-recorded-secret")
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    report = await replay(path, Dispatcher(_echo_registry(Counter())))
+    assert report.divergence is not None
+    assert (report.divergence.batch, report.divergence.index, report.divergence.call_id) == (1, 0, "1")
+    assert records[1]["plan"][0]["key"] in report.divergence.expected
+    assert records[1]["plan"][0]["key"] not in report.divergence.got
+
+
+async def test_a_gate_decision_is_recorded_without_its_secrets(tmp_path: Path) -> None:
+    """Arguments an approval supplies are redacted in the recording, and the replay still matches."""
+    path = tmp_path / "s.jsonl"
+    reg = _echo_registry(Counter())
+    reg.add(Tool("risky", "r", lambda a, c: json.dumps(a), confirm=True, deferred=False))
+    secret = SECRETS["other"]
+    d = Dispatcher(reg, gate=lambda c, ctx: Allow({"token": secret, "note": "approved"}))
+    [r] = await d.session("g", record=path).dispatch([ToolCall("1", "risky", {})])
+    assert r.ok and secret in r.content
+    assert secret.encode() not in path.read_bytes()
+    assert _records(path)[1]["decisions"]["1"] == {"allow": {"token": redact(secret), "note": "approved"}}
+    report = await replay(path, Dispatcher(reg))
+    assert report.ok, report.divergence
+
+
+async def test_a_secret_a_rewriter_adds_is_hidden_and_replays(tmp_path: Path) -> None:
+    """A credential a rewriter adds (the host's token) is redacted in keys and echoes; replay matches."""
+    secret = SECRETS["other"]
+
+    def with_token(event: Any, state: Any) -> Any:
+        headers = {**event.args.get("headers", {}), "Authorization": f"Bearer {secret}"}
+        return {"tool_name": event.tool_name, "args": {**event.args, "headers": headers}}
+
+    path = tmp_path / "s.jsonl"
+    d = Dispatcher(_echo_registry(Counter()), rewriters=[with_token])
+    [r] = await d.session("rw", record=path).dispatch(
+        [ToolCall("1", "request", {"url": "https://api.test/"})]
+    )
+    assert secret in r.content
+    assert secret.encode() not in path.read_bytes()
+    report = await replay(path, Dispatcher(_echo_registry(Counter()), rewriters=[with_token]))
+    assert report.ok, report.divergence
+
+
+def test_a_recording_is_created_readable_by_its_owner_only(tmp_path: Path) -> None:
+    """The recording file is created 0600 whatever the umask, and appended to, not replaced."""
+    path = tmp_path / "s.jsonl"
+    old = os.umask(0o022)
+    try:
+        recorder = Recorder(path, registry=_echo_registry(Counter()), session_id="s", mode="deferred")
+        recorder.set_meta(note="first")
+        recorder._append({"type": "batch", "n": 1})
+        recorder._append({"type": "batch", "n": 2})
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert [r.get("n") for r in _records(path)] == [None, 1, 2]
+
+
+class _EchoHandler(BaseHTTPRequestHandler):
+    """Answers with the request line and headers it received: a server that echoes secrets."""
+
+    def do_GET(self) -> None:
+        body = f"{self.requestline}\n{self.headers}".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+async def test_http_request_to_an_echoing_server_records_no_secret(tmp_path: Path) -> None:
+    """The real http_request, a server that echoes every header: the recording holds none of the secrets."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _EchoHandler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    path = tmp_path / "web.jsonl"
+    try:
+        host = f"127.0.0.1:{httpd.server_address[1]}"
+        d = Dispatcher(default_registry(ws, include=["web"], allow_private_network=True))
+        s = d.session("web", record=path)
+        args = {
+            "url": f"http://{host}/x?code={SECRETS['query']}",
+            "headers": {"X-Goog-Api-Key": SECRETS["header"], "Authorization": f"Bearer {SECRETS['bearer']}"},
+        }
+        with anyio.fail_after(10):
+            request = await d.invoke("http_request", args, session=s)
+            # user info goes out as Basic authentication, which the server echoes as base64
+            url = f"http://me:{SECRETS['password']}@{host}/p"
+            page = await d.invoke("fetch_page", {"url": url}, session=s)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+    basic = base64.b64encode(f"me:{SECRETS['password']}".encode()).decode()
+    echoed = [SECRETS["header"], SECRETS["bearer"], SECRETS["query"], basic]
+    assert request.ok and page.ok
+    assert all(e in request.content + page.content for e in echoed), (request.content, page.content)
+    text = path.read_bytes()
+    assert [e for e in echoed if e.encode() in text] == []
+    report = await replay(path, Dispatcher(default_registry(ws, include=["web"], allow_private_network=True)))
+    assert report.ok and report.fingerprint_matches, report.divergence
