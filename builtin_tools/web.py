@@ -35,7 +35,7 @@ import httpcore
 import httpx
 import xxhash
 
-from cache import CachePolicy
+from dispatcher import CachePolicy
 from dispatcher._exceptions import ToolError
 from dispatcher._registry import Tool
 from dispatcher._types import ToolContext

@@ -15,7 +15,7 @@ from bench.harness import Plan, collect, goals, render_table
 from bench.peers import PydanticAIPeer
 from bench.threepass_runner import ThreepassRunner
 from bench.workloads import FloorRunner, Rounds, measure_overhead_interleaved
-from dispatcher import cli
+from threepass import cli
 
 
 class FrameworkNotInstalled(PydanticAIPeer):

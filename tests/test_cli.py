@@ -6,11 +6,11 @@ import io
 import json
 from pathlib import Path
 
-from dispatcher.cli import main
+from threepass.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "examples" / "transcript.jsonl"
-WORKSPACE = ROOT / "examples" / "workspace"
+EXAMPLE = ROOT / "threepass" / "examples" / "transcript.jsonl"
+WORKSPACE = ROOT / "threepass" / "examples" / "workspace"
 
 
 def run_cli(*argv: str) -> tuple[int, str]:

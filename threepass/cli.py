@@ -24,12 +24,22 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+import anyio.to_thread
 import trio
 
-from ._dispatcher import Dispatcher
-from ._exceptions import DispatchInterrupted, HookBlocked
-from ._recording import read_recording, replay
-from ._types import Allow, Deny, ToolCall, ToolContext, ToolResult
+from builtin_tools import default_registry
+from cache import DiskResultCache
+from dispatcher import (
+    Allow,
+    Deny,
+    Dispatcher,
+    DispatchInterrupted,
+    HookBlocked,
+    ToolCall,
+    ToolContext,
+    ToolResult,
+)
+from dispatcher._recording import read_recording, replay
 
 __all__ = ["main"]
 
@@ -80,7 +90,7 @@ class TerminalGate:
         args = json.dumps(call.arguments, ensure_ascii=False)
         self._stdout.write(f"allow {call.name} {args}? [y/N] ")
         self._stdout.flush()
-        answer = await trio.to_thread.run_sync(self._stdin.readline)
+        answer = await anyio.to_thread.run_sync(self._stdin.readline)
         return Allow() if answer.strip().lower() in ("y", "yes") else Deny("the user said no")
 
 
@@ -95,8 +105,6 @@ def _line(result: ToolResult) -> str:
 def _make_cache(args: argparse.Namespace) -> Any:
     if args.no_cache:
         return None
-    from cache import DiskResultCache
-
     return DiskResultCache(args.cache_dir)
 
 
@@ -113,8 +121,6 @@ def _prepare_workspace(args: argparse.Namespace) -> Path:
 
 
 async def _run(args: argparse.Namespace, workspace: Path, messages: list[dict[str, Any]], out: TextIO) -> int:
-    from builtin_tools import default_registry
-
     registry = default_registry(workspace)
     gate = TerminalGate(assume=args.yes, stdin=sys.stdin, stdout=out)
     d = Dispatcher(registry, cache=_make_cache(args), gate=gate)
@@ -195,8 +201,6 @@ async def _replay(args: argparse.Namespace, workspace: str, out: TextIO) -> int:
 
 
 def _cache(args: argparse.Namespace, out: TextIO) -> int:
-    from cache import DiskResultCache
-
     store = DiskResultCache(args.dir)
     if args.action == "clear":
         store.clear_sync()
@@ -207,10 +211,27 @@ def _cache(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _bench_harness() -> Any:
+    """bench/harness.py of the source tree this package sits in, or of the current folder
+    (a clone the package was installed from); None where there is none."""
+    for root in (Path(__file__).resolve().parents[1], Path.cwd()):
+        if (root / "bench" / "harness.py").is_file():
+            if str(root) not in sys.path:
+                sys.path.insert(0, str(root))
+            return importlib.import_module("bench.harness")
+    return None
+
+
 def _bench(argv: Sequence[str], out: TextIO) -> int:
-    # The harness ships beside the library but is no part of it: it is imported by name,
-    # only when asked for, so the library never depends on it (nor its type check).
-    harness = importlib.import_module("bench.harness")
+    # The harness lives in the source tree beside the packages and is not shipped: it is
+    # imported by name, only when asked for, so nothing installed depends on it.
+    harness = _bench_harness()
+    if harness is None:
+        sys.stderr.write(
+            "threepass: the benchmark is not installed with the package; it lives in the source tree.\n"
+            "  git clone the threepass repository, then in it: pip install '.[bench]' && python -m bench\n"
+        )
+        return 2
     code: int = harness.main(argv, out=out)
     return code
 

@@ -1,0 +1,68 @@
+"""The wheel: it ships the four packages and the example the command line runs, never the
+benchmark or the tests; and installed from it, `threepass bench` says where the benchmark is."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import dispatcher
+
+REPO = Path(dispatcher.__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's wheel, built from this checkout without reaching the network."""
+    out = tmp_path_factory.mktemp("wheel")
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert built.returncode == 0, built.stderr
+    [found] = out.glob("threepass-*.whl")
+    return found
+
+
+def test_the_wheel_ships_the_packages_and_the_example_only(wheel: Path) -> None:
+    """The wheel holds dispatcher, cache, builtin_tools and threepass (with py.typed and the
+    example transcript and workspace), and no bench or tests."""
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names if not name.startswith("threepass-")}
+    assert tops == {"dispatcher", "cache", "builtin_tools", "threepass"}
+    for package in tops:
+        assert f"{package}/py.typed" in names
+    assert "threepass/examples/transcript.jsonl" in names
+    assert "threepass/examples/workspace/src/inventory.py" in names
+    assert "threepass/cli.py" in names and "dispatcher/cli.py" not in names
+    assert not [n for n in names if n.startswith(("bench/", "tests/"))]
+
+
+def test_bench_from_the_wheel_says_where_the_benchmark_is(wheel: Path, tmp_path: Path) -> None:
+    """Installed from the wheel, away from a source tree, `threepass bench` exits 2 and says
+    how to get the benchmark, with no traceback."""
+    unpacked = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(unpacked)
+    script = f"import sys; sys.path.insert(0, {str(unpacked)!r}); from threepass.cli import main; sys.exit(main(['bench']))"
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert done.returncode == 2
+    assert "python -m bench" in done.stderr and "Traceback" not in done.stderr
