@@ -4,8 +4,10 @@ Everything else speaks anyio, so the kernel runs under trio (the reference) and 
 asyncio. This module holds the few places where anyio's wrappers cost on the hot path,
 or where the kernel must know which loop it is on:
 
-- `clock()`: the running loop's clock function, fetched once per batch (anyio's
-  `current_time` looks the backend up on every call);
+- `primitives()`: what pass 2 uses per call and per group — the clock, cancel scopes,
+  `move_on_after`, events, a checkpoint, task groups — as the running backend's own
+  (trio's natives on trio: anyio's wrappers there cost several microseconds a call;
+  anyio's own on asyncio, where they are the implementation);
 - `loop_identity()`: what a Dispatcher binds to on first use, so that using it from a
   second loop or thread is a clear error instead of a hang.
 """
@@ -15,21 +17,18 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from typing import Any
 
+import anyio
+import anyio.lowlevel
+import attrs
 import sniffio
 import trio
 
-__all__ = ["LoopIdentity", "clock", "loop_identity"]
+__all__ = ["LoopIdentity", "Primitives", "loop_identity", "primitives"]
 
 LoopIdentity = tuple[str, object, int]
 """(the async library's name, its running loop or token, the thread it runs on)."""
-
-
-def clock() -> Callable[[], float]:
-    """The current loop's clock (seconds; what deadlines and timeouts are measured in)."""
-    if sniffio.current_async_library() == "trio":
-        return trio.current_time
-    return asyncio.get_running_loop().time
 
 
 def loop_identity() -> LoopIdentity:
@@ -43,3 +42,44 @@ def loop_identity() -> LoopIdentity:
     else:  # pragma: no cover - anyio supports only these two
         raise RuntimeError(f"threepass runs under trio or asyncio, not {library!r}")
     return library, loop, threading.get_ident()
+
+
+@attrs.frozen
+class Primitives:
+    """The structured-concurrency primitives of one backend, with anyio's API shapes:
+    `cancel_scope(deadline=...)`, `move_on_after(seconds)`, `event()`, `await checkpoint()`,
+    `async with task_group() as tg: tg.start_soon(fn, *args)`."""
+
+    name: str
+    clock: Callable[[], float]
+    cancel_scope: Callable[..., Any]
+    move_on_after: Callable[[float], Any]
+    event: Callable[[], Any]
+    checkpoint: Callable[[], Any]
+    task_group: Callable[[], Any]
+
+
+_TRIO = Primitives(
+    "trio",
+    trio.current_time,
+    trio.CancelScope,
+    trio.move_on_after,
+    trio.Event,
+    trio.lowlevel.checkpoint,
+    trio.open_nursery,
+)
+
+
+def primitives() -> Primitives:
+    """The running loop's primitives (see `Primitives`)."""
+    if sniffio.current_async_library() == "trio":
+        return _TRIO
+    return Primitives(
+        "asyncio",
+        asyncio.get_running_loop().time,
+        anyio.CancelScope,
+        anyio.move_on_after,
+        anyio.Event,
+        anyio.lowlevel.checkpoint,
+        anyio.create_task_group,
+    )

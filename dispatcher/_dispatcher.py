@@ -37,6 +37,7 @@ class _Binding:
 
     loop: _backend.LoopIdentity
     thread_limiter: anyio.CapacityLimiter
+    primitives: _backend.Primitives
 
 
 def default_limit() -> int:
@@ -97,7 +98,7 @@ class Dispatcher:
         here = _backend.loop_identity()
         bound = self._binding
         if bound is None:
-            bound = self._binding = _Binding(here, anyio.CapacityLimiter(math.inf))
+            bound = self._binding = _Binding(here, anyio.CapacityLimiter(math.inf), _backend.primitives())
         elif bound.loop != here:
             first, now = bound.loop, here
             raise RuntimeError(

@@ -31,7 +31,6 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 import attrs
-from anyio.abc import TaskGroup
 
 from . import _backend
 from ._exceptions import DispatchInterrupted, HookBlocked, ToolError
@@ -113,7 +112,7 @@ class _Slot:
     """One worker's bookkeeping: the call it is running and when that call must stop."""
 
     watched: bool
-    scope: anyio.CancelScope | None = None
+    scope: Any = None  # the backend's CancelScope
     running: PlannedCall | None = None
     ctx: ToolContext | None = None
     started: float = 0.0
@@ -131,13 +130,13 @@ class _Slot:
 class _Crew:
     """The workers of one concurrent group, the calls they share and who supervises them."""
 
+    done: Any  # the backend's Event
     todo: collections.deque[PlannedCall]
     most: int
     shortest: float
     slots: list[_Slot] = attrs.field(factory=list)
     working: int = 0
-    done: anyio.Event = attrs.field(factory=anyio.Event)
-    nursery: TaskGroup | None = None
+    nursery: Any = None  # the backend's task group
 
 
 class Executor:
@@ -156,6 +155,7 @@ class Executor:
         *,
         limiter: anyio.CapacityLimiter,
         thread_limiter: anyio.CapacityLimiter,
+        primitives: _backend.Primitives,
         default_timeout: float,
         deadline: float | None,
         hooks: HookSet,
@@ -173,7 +173,8 @@ class Executor:
         self._make_context = make_context
         self._max_out = max_output_bytes
         self._runner = runner
-        self._now = _backend.clock()
+        self._now = primitives.clock
+        self._p = primitives
         self.results: dict[int, ToolResult] = {}
         self.started: set[int] = set()  # calls whose handler (or, in replay, runner) was started
         self.control = RunControl()
@@ -202,11 +203,12 @@ class Executor:
 
     async def _run_group(self, group: list[PlannedCall]) -> None:
         crew = _Crew(
+            done=self._p.event(),
             todo=collections.deque(group),
             most=max(1, int(min(len(group), self._limiter.total_tokens))),
             shortest=min(self._timeout_of(p) for p in group),
         )
-        async with anyio.create_task_group() as nursery:
+        async with self._p.task_group() as nursery:
             crew.nursery = nursery
             self._add_worker(crew)
             nursery.start_soon(self._supervise, crew)
@@ -245,18 +247,18 @@ class Executor:
                 elif slot.deadline < wake:
                     wake = slot.deadline
             if crew.todo and len(slots) < crew.most:
-                await anyio.lowlevel.checkpoint()
+                await self._p.checkpoint()
                 if crew.todo:
                     self._add_worker(crew)
             else:
-                with anyio.CancelScope(deadline=wake):
+                with self._p.cancel_scope(deadline=wake):
                     await crew.done.wait()
 
     async def _worker(self, todo: collections.deque[PlannedCall], slot: _Slot) -> None:
         running_on = _RUNNING_ON.set(_Holder(self._limiter))  # the slot a handler run here holds
         try:
             while True:
-                with anyio.CancelScope() as scope:
+                with self._p.cancel_scope() as scope:
                     slot.scope = scope
                     while todo:
                         await self._run_call(todo.popleft(), slot)
@@ -409,7 +411,7 @@ class Executor:
                 value = await self._start(planned, ctx, args, borrower)
                 slot.idle()
             else:
-                with anyio.move_on_after(timeout) as scope:
+                with self._p.move_on_after(timeout) as scope:
                     value = await self._start(planned, ctx, args, borrower)
                 if scope.cancelled_caught:
                     return self._timed_out(planned, timeout, started, t0)

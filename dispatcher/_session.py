@@ -280,6 +280,7 @@ class Session:
         executor = Executor(
             limiter=d.limiter,
             thread_limiter=bound.thread_limiter,
+            primitives=bound.primitives,
             default_timeout=d.timeout,
             deadline=self._deadline,
             hooks=d.hook_set,
