@@ -60,7 +60,10 @@ def test_bench_from_the_wheel_says_where_the_benchmark_is(wheel: Path, tmp_path:
     how to get the benchmark, with no traceback."""
     unpacked = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(unpacked)
-    script = f"import sys; sys.path.insert(0, {str(unpacked)!r}); from threepass.cli import main; sys.exit(main(['bench']))"
+    script = (
+        f"import sys; sys.path.insert(0, {str(unpacked)!r}); "
+        "from threepass.cli import main; sys.exit(main(['bench']))"
+    )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
