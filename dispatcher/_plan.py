@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import enum
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -37,12 +38,14 @@ __all__ = [
     "DEFAULT_MAX_ARGUMENT_BYTES",
     "RUN_TOOL",
     "FIND_TOOLS",
+    "PATHS",
     "DedupeEntry",
     "Draft",
     "Plan",
     "PlannedCall",
     "Planner",
     "PlannerState",
+    "Step",
     "call_key",
     "canonical_json",
 ]
@@ -65,6 +68,29 @@ _NEXT: dict[str, frozenset[str]] = {
     "reopened": frozenset({"approved", "decided"}),
 }
 _ALLOWED = frozenset((a, b) for a, nexts in _NEXT.items() for b in nexts)  # one lookup per step
+
+
+class Step(enum.Enum):
+    """The checks pass 1 makes of a call whose tool it found, in DESIGN.md's order."""
+
+    KEY = "key"  # 1 and 6: defaults, `force`, canonical JSON, size, the key, reads/writes/cache
+    LOOKUP = "lookup"  # 6: dedupe in the batch and the run, the result cache
+    VALIDATE = "validate"  # 7: JSON Schema
+    CONFIRM = "confirm"  # 8: whether the gate must be asked
+
+
+# Which checks each path through pass 1 makes, in this order; a call that fails one is
+# decided and goes no further. The one place the order is written.
+PATHS: dict[str, tuple[Step, ...]] = {
+    # a call as the model sent it
+    "resolve": (Step.KEY, Step.LOOKUP, Step.VALIDATE, Step.CONFIRM),
+    # arguments a gate's Allow(args) changed: keyed and validated anew, never looked up
+    # (their result is stored under the new key), and the gate has already spoken
+    "allow": (Step.KEY, Step.VALIDATE),
+    # a call decided from arguments a gate then changed (see `_reopen_stale`): checked
+    # again, and if it needs a gate it is refused, since no gate saw it
+    "reopen": (Step.VALIDATE, Step.CONFIRM),
+}
 
 
 def _served_again(result: ToolResult, call_id: str) -> ToolResult:
@@ -267,6 +293,15 @@ def _schema_errors(entry: RegisteredTool, args: Mapping[str, Any]) -> list[str]:
     return errors
 
 
+@attrs.define
+class _Batch:
+    """What the LOOKUP step of one batch shares across its calls."""
+
+    cached: Mapping[str, CacheEntry]
+    leaders: dict[str, Draft] = attrs.field(factory=dict)
+    pending_writes: list[str] = attrs.field(factory=list)
+
+
 class Planner:
     """Pass 1 for one batch. Construct, then call the steps in order (the session does)."""
 
@@ -426,7 +461,7 @@ class Planner:
             if entry is None:
                 continue
             d.entry = entry
-            if self._key(d, entry):
+            if self._check(d, PATHS["resolve"][:1]):  # the key, for the store's lookup
                 keyed.append(d)
         if not self._has_cache:
             return []
@@ -446,33 +481,62 @@ class Planner:
         """Steps 6 and 7 for the calls `lookups` keyed: dedupe (in the batch and in the run),
         the result cache (`cached`: the store's live entries among the keys asked), schema
         validation, and whether the gate must be asked."""
-        keyed = self._keyed
-        leaders: dict[str, Draft] = {}
-        pending_writes: list[str] = []
-        for d in keyed:
-            entry = d.entry
-            assert entry is not None
+        batch = _Batch(cached)
+        rest = PATHS["resolve"][1:]  # the key was made by `lookups`
+        for d in self._keyed:
             d.advance("resolved")
-            if not d.writes:
-                leader = None if d.force else leaders.get(d.key or "")
-                if leader is not None:
-                    d.leader = leader.index
-                    d.advance("following")
-                    continue
-                if not d.force and self._lookup_earlier(d, pending_writes, cached):
-                    continue
-                leaders[d.key or ""] = d
+            self._check(d, rest, batch)
+
+    def _check(self, d: Draft, steps: Sequence[Step], batch: _Batch | None = None) -> bool:
+        """Take `steps` in order; False once one decided the call (or made it a follower)."""
+        entry = d.entry
+        assert entry is not None
+        for step in steps:
+            if step is Step.KEY:
+                ok = self._key(d, entry)
+            elif step is Step.LOOKUP:
+                assert batch is not None
+                ok = self._look_up(d, batch)
+            elif step is Step.VALIDATE:
+                ok = self._validate(d, entry)
             else:
-                pending_writes.extend(d.writes)
-                for k in [k for k, ld in leaders.items() if resources_overlap(ld.reads, d.writes)]:
-                    del leaders[k]
-            if not self._validate(d, entry):
-                continue
-            try:
-                d.confirm = _evaluate(entry.tool.confirm, d.args or {})
-            except Exception as exc:
-                judged = f"{d.name}.confirm could not judge these arguments: {describe(exc)}"
-                self._fail(d, Status.invalid_arguments, judged)
+                ok = self._confirm(d, entry)
+            if not ok:
+                return False
+        return True
+
+    def _look_up(self, d: Draft, batch: _Batch) -> bool:
+        """Dedupe in the batch (a follower shares its leader's result and decision), then in
+        the run and the result cache; a writer instead ends the leadership of what it touches."""
+        if not d.writes:
+            leader = None if d.force else batch.leaders.get(d.key or "")
+            if leader is not None:
+                d.leader = leader.index
+                d.advance("following")
+                return False
+            if not d.force and self._lookup_earlier(d, batch.pending_writes, batch.cached):
+                return False
+            batch.leaders[d.key or ""] = d
+            return True
+        batch.pending_writes.extend(d.writes)
+        leaders = batch.leaders
+        for k in [k for k, ld in leaders.items() if resources_overlap(ld.reads, d.writes)]:
+            del leaders[k]
+        return True
+
+    def _confirm(self, d: Draft, entry: RegisteredTool) -> bool:
+        """Whether the gate must be asked (a predicate that cannot judge the arguments says
+        they are wrong)."""
+        try:
+            d.confirm = _evaluate(entry.tool.confirm, d.args or {})
+        except Exception as exc:
+            self._fail(
+                d,
+                Status.invalid_arguments,
+                f"{d.name}.confirm could not judge these arguments: {describe(exc)}",
+            )
+            return False
+        return True
 
     def _resolve_tool(self, d: Draft) -> RegisteredTool | None:
         entry = self.lookup(d.name)
@@ -591,9 +655,7 @@ class Planner:
                 else xxhash.xxh3_128_hexdigest(f"{d.key}\x00{self._session_id}".encode())
             )
 
-    def _lookup_earlier(
-        self, d: Draft, pending_writes: list[str], cached: Mapping[str, CacheEntry]
-    ) -> bool:
+    def _lookup_earlier(self, d: Draft, pending_writes: list[str], cached: Mapping[str, CacheEntry]) -> bool:
         """A success earlier in this run, or in the result cache -> decided, nothing runs."""
         found = self._state.dedupe.get(d.key or "")
         if found is not None and not (pending_writes and resources_overlap(found.reads, pending_writes)):
@@ -670,8 +732,7 @@ class Planner:
         d.args = dict(decision.args)
         d.force = False
         key_before = d.key
-        if self._key(d, entry):
-            self._validate(d, entry)
+        self._check(d, PATHS["allow"])
         if d.writes != before or d.key != key_before:
             self._writes_moved = True  # what pass 1 decided from this call is looked at again
 
@@ -700,7 +761,7 @@ class Planner:
             if stale and d.entry is not None:
                 d.advance("reopened")
                 d.leader, d.outcome = None, None
-                if self._validate(d, d.entry) and d.step == "reopened" and self._needs_gate(d, d.entry):
+                if self._check(d, PATHS["reopen"]) and d.confirm:
                     self._fail(
                         d,
                         Status.denied,
@@ -711,13 +772,6 @@ class Planner:
                     )
             if d.outcome is None and d.leader is None and d.writes:
                 writers.append((d.index, d.writes))
-
-    def _needs_gate(self, d: Draft, entry: RegisteredTool) -> bool:
-        """Whether the tool wants confirmation for these arguments (a predicate that fails: yes)."""
-        try:
-            return _evaluate(entry.tool.confirm, d.args or {})
-        except Exception:
-            return True
 
     def finish(self, drafts: Sequence[Draft]) -> Plan:
         if self._writes_moved:
