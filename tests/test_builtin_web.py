@@ -184,12 +184,12 @@ async def _call(web: WebTools, name: str, **args: Any) -> str:
 
 
 async def test_fetch_page_reduces_html_to_readable_text(web: WebTools, server: str) -> None:
-    """HTML becomes text: title, headings, lists, absolute links; no script or style."""
+    """HTML becomes Markdown: title, headings, lists, bold, absolute links; no script or style."""
     out = await _call(web, "fetch_page", url=f"{server}/page")
     assert out.startswith(f"URL: {server}/page\nTitle: The & Page\n\n# Welcome")
-    assert f"First paragraph with [a link]({server}/next) and bold text." in out
+    assert f"First paragraph\nwith [a link]({server}/next) and **bold** text." in out
     assert "- one\n- two" in out
-    assert "  keep   spacing" in out
+    assert "```\n  keep   spacing\n```" in out
     assert "secret" not in out and "color" not in out
 
 
@@ -506,7 +506,8 @@ def test_web_tool_flags(ws: Path) -> None:
 
 
 def test_html_to_text_keeps_content_and_drops_the_rest() -> None:
-    """Nested skipped elements vanish; only http(s) links are written out; entities decode."""
+    """Nested skipped elements vanish; only http(s) links are written out; entities decode;
+    a table is a Markdown table."""
     title, text = html_to_text(
         "<title>T</title><div><noscript><p>hidden <b>deep</b></p></noscript>"
         "<p>a&nbsp;&lt;b&gt; <a href='javascript:void(0)'>click</a> "
@@ -515,7 +516,7 @@ def test_html_to_text_keeps_content_and_drops_the_rest() -> None:
         "https://base.example/dir/",
     )
     assert title == "T"
-    assert text == "a <b> click [site](https://x.org/) top\n\nk v\n\nend"
+    assert text == "a <b> click [site](https://x.org/) top\n\n| k | v |\n| --- | --- |\n\nend"
     _, text = html_to_text('<p>see <a href="../up.html">up</a></p>', "https://h.example/d/x.html")
     assert text == "see [up](https://h.example/up.html)"
 
