@@ -79,6 +79,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = parts.path
         if path == "/page":
             self._send(200, PAGE, "text/html; charset=utf-8")
+        elif path == "/cp1252":
+            self._send(200, (Path(__file__).parent / "data/windows-1252.html").read_bytes(), "text/html")
         elif path == "/plain":
             self._send(200, b"just text\n  indented", "text/plain")
         elif path == "/redirect":
@@ -191,6 +193,16 @@ async def test_fetch_page_reduces_html_to_readable_text(web: WebTools, server: s
     assert "- one\n- two" in out
     assert "```\n  keep   spacing\n```" in out
     assert "secret" not in out and "color" not in out
+
+
+async def test_fetch_page_reads_the_charset_a_meta_declares(web: WebTools, server: str) -> None:
+    """A windows-1252 page whose header names no charset is read by its `<meta charset>`:
+    the title and the text have their accents and euro signs."""
+    out = await _call(web, "fetch_page", url=f"{server}/cp1252")
+    title = "Caf\u00e9 de la Gare \u2013 menu d\u2019\u00e9t\u00e9"
+    assert out.startswith(f"URL: {server}/cp1252\nTitle: {title}\n\n# Caf\u00e9 de la Gare\n")
+    assert re.search(r"^\| Cr\u00e8me br\u00fbl\u00e9e +\| 6,50 \u20ac +\|$", out, re.MULTILINE)
+    assert "\ufffd" not in out
 
 
 async def test_fetch_page_follows_redirects(web: WebTools, server: str) -> None:
