@@ -33,6 +33,7 @@ _SPHINX_CODE = re.compile(
     r'(<div class="highlight-([\w+#.-]+)[^"<>]*">\s*<div class="highlight">\s*<pre)(?=[\s>])'
 )
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _NESTING_TAG = re.compile(r"<(/?)(blockquote|ul|ol|dl|menu|pre)(?=[\s/>])", re.IGNORECASE)
 _MAX_NESTING = 16
 
@@ -53,7 +54,12 @@ def html_to_text(html: str, base_url: str = "") -> tuple[str, str]:
     )
     # The converter calls only the visit_ methods a visitor defines (each one costs a
     # call into Python per node); its Protocol lists them all, hence the cast.
-    result = h2m.convert(html, options, visitor=cast("HtmlVisitor", _Links(base_url)))
+    links = cast("HtmlVisitor", _Links(base_url))
+    try:
+        result = h2m.convert(html, options, visitor=links)
+    except UnicodeEncodeError:  # a lone surrogate: the converter takes UTF-8 only
+        html = _SURROGATE.sub("\ufffd", html)
+        result = h2m.convert(html, options, visitor=links)
     title = (result.metadata.document.title or "").strip() if result.metadata else ""
     text = _without_front_matter(result.content or "").strip()
     if any(str(w.kind) == "depth_limit_exceeded" for w in result.warnings):

@@ -255,6 +255,11 @@ def test_inline_code_is_marked() -> None:
     assert html_to_text("<p>call <code>f(x)</code> now</p>")[1] == "call `f(x)` now"
 
 
+def test_a_lone_surrogate_becomes_a_replacement_character() -> None:
+    """Text holding a lone surrogate (no UTF-8 for it) converts, the surrogate shown as U+FFFD."""
+    assert html_to_text("<p>a\ud800b</p>")[1] == "a\ufffdb"
+
+
 def test_a_page_that_starts_with_a_rule_keeps_it() -> None:
     """The converter's metadata block is taken off the text; a page's own leading `<hr>`
     (also `---`) is not mistaken for it."""
