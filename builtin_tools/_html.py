@@ -35,7 +35,14 @@ _SPHINX_CODE = re.compile(
 )
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_NESTING_TAG = re.compile(r"<(/?)(blockquote|ul|ol|dl|menu|pre)(?=[\s/>])", re.IGNORECASE)
+# The start of a quote, list or pre tag; or a whole link tag, whose quoted values may
+# hold a `>`. No part of it matches a `<`, so a scan never passes the next tag and the
+# search is linear; a link tag with a `<` in a value is left as it is.
+_NESTING_TAG = re.compile(
+    r"<(/?)(blockquote|ul|ol|dl|menu|pre)(?=[\s/>])"
+    r"""|<(/?a)(?:\s(?:[^<>"']|"[^"<]*"|'[^'<]*')*)?>""",
+    re.IGNORECASE,
+)
 _MAX_NESTING = 16
 
 # Sphinx's lexer names that say "no language", or say it differently from Markdown.
@@ -70,8 +77,10 @@ def html_to_text(html: str, base_url: str = "") -> tuple[str, str]:
 
 def _flatten_deep_nesting(html: str) -> str:
     """The page with quotes and lists nested past `_MAX_NESTING` turned into `<div>`s
-    (their content kept at the deepest level allowed), and a `<pre>` inside a `<pre>`
-    turned into a `<span>` (its text stays preformatted in the outer one).
+    (their content kept at the deepest level allowed), a `<pre>` inside a `<pre>`
+    turned into a `<span>` (its text stays preformatted in the outer one), and links
+    inside a `<pre>` reduced to their text (a fenced block shows `[x](url)` as is, which
+    is not the code; API docs link the names in their examples).
 
     Markdown writes a nested quote or list by prefixing every line inside it (`> `, an
     indent) once per level, and a fenced block inside a fenced block with a longer
@@ -84,6 +93,8 @@ def _flatten_deep_nesting(html: str) -> str:
     pres: list[bool] = []  # per open pre: the outermost (True) or one inside it
 
     def rename(match: re.Match[str]) -> str:
+        if match[3] is not None:  # a link tag
+            return "" if pres else match[0]
         closing, name = match[1], match[2].lower()
         opened, substitute = (pres, "span") if name == "pre" else (blocks, "div")
         if not closing:

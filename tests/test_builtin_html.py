@@ -244,6 +244,17 @@ def test_code_blocks_take_their_language_from_the_markup() -> None:
     assert html_to_text(sphinx.format("default"))[1] == "```\nx = 1\n```"
 
 
+def test_links_inside_a_code_block_are_just_their_text() -> None:
+    """A `<pre>` whose names are links (as in API docs) shows the code, not `[os](url)`;
+    links outside it are kept."""
+    page = (
+        '<pre class="language-python">import <a href="/os" title="a>b">os</a>\n'
+        '    <A HREF="/p">path</A>.join(x)</pre><p>see <a href="/os">os</a></p>'
+    )
+    _, text = html_to_text(page, "https://h.example/")
+    assert text == "```python\nimport os\n    path.join(x)\n```\n\nsee [os](https://h.example/os)"
+
+
 def test_list_items_holding_paragraphs_are_bullets_with_their_text() -> None:
     """`<li><p>x</p></li>` is `- x`, not an empty bullet and a stray line."""
     _, text = html_to_text("<ul><li><p>x</p></li><li><p>y</p></li></ul><ol><li>one</li></ol>")
