@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+import pathspec
+
 from dispatcher._exceptions import ToolError
 from dispatcher._registry import Tool
 from dispatcher._types import ToolContext
@@ -33,6 +35,8 @@ _BINARY_SNIFF_BYTES = 8192
 _MAX_MATCHES = 1000
 _MAX_VISITED = 200_000
 _SNIPPET_LINES = 12
+_GITIGNORE = ".gitignore"
+_MAX_GITIGNORE_BYTES = 1024 * 1024
 
 
 def file_tools(workspace: Workspace) -> list[Tool]:
@@ -64,12 +68,13 @@ class FileTools:
                 description=(
                     "List files and folders in the workspace whose path (relative to `path`) "
                     "matches a glob: `*` and `?` stay within one folder, `**` spans folders "
-                    "(`**/*.py` finds Python files at any depth). Folders end with '/'."
+                    "(`**/*.py` finds Python files at any depth). Folders end with '/'. "
+                    "What .gitignore files ignore is left out unless `include_ignored`."
                 ),
                 handler=self.find_files,
                 parameters=_FIND_FILES_SCHEMA,
                 concurrent=True,
-                reads=self.folder_reads,
+                reads=self.find_files_reads,
             ),
             Tool(
                 name="edit_file",
@@ -123,6 +128,19 @@ class FileTools:
     def folder_reads(self, args: Mapping[str, Any]) -> set[str]:
         path = args.get("path", ".")
         return {self.ws.key(path if isinstance(path, str) and path.strip() else ".")}
+
+    def find_files_reads(self, args: Mapping[str, Any]) -> set[str]:
+        """The folder searched, and the .gitignore files above it, which decide too."""
+        reads = self.folder_reads(args)
+        if args.get("include_ignored") is True:
+            return reads
+        folder = Path(next(iter(reads)).removeprefix("file:"))
+        if self.ws.root in folder.parents:
+            for above in folder.parents:
+                reads.add(f"file:{above / _GITIGNORE}")
+                if above == self.ws.root:
+                    break
+        return reads
 
     def path_writes(self, args: Mapping[str, Any]) -> set[str]:
         path = args.get("path")
@@ -180,14 +198,23 @@ class FileTools:
             raise ToolError(f"{args.get('path')!r} is not a folder", retryable=False)
         matcher = glob_to_regex(pattern)
         skip_git = ".git" not in pattern
+        ignores = None if args.get("include_ignored") else _GitIgnores(self.ws.root, base)
         matches: list[str] = []
         visited = 0
+        ignored = 0
         stopped = False
         for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
             if skip_git and ".git" in dirnames:
                 dirnames.remove(".git")
-            dirnames.sort()
             here = Path(dirpath)
+            if ignores is not None:
+                rules = ignores.enter(here, _GITIGNORE in filenames)
+                kept_dirs = [n for n in dirnames if not rules.ignores(here / n, is_dir=True)]
+                kept_files = [n for n in filenames if not rules.ignores(here / n, is_dir=False)]
+                ignored += len(dirnames) - len(kept_dirs) + len(filenames) - len(kept_files)
+                dirnames[:], filenames = kept_dirs, kept_files
+                ignores.hand_down(here, dirnames, rules)
+            dirnames.sort()
             rel_dir = here.relative_to(base).as_posix()
             prefix = "" if rel_dir == "." else rel_dir + "/"
             for name in dirnames:
@@ -201,8 +228,13 @@ class FileTools:
                 stopped = True
                 break
         where = self.ws.relative(base)
+        note = (
+            f"[{ignored} entries that .gitignore ignores were not searched; "
+            "include_ignored=true searches them]"
+        )
         if not matches:
-            return f"no files match {pattern!r} under {where!r}"
+            empty = f"no files match {pattern!r} under {where!r}"
+            return f"{empty}\n{note}" if ignored else empty
         matches.sort()
         shown = matches[:_MAX_MATCHES]
         lines = [f"{len(shown)} match(es) for {pattern!r} under {where!r}:", *shown]
@@ -210,6 +242,8 @@ class FileTools:
             lines.append(
                 "[stopped early: too many entries; narrow the pattern or the path]"
             )
+        if ignored:
+            lines.append(note)
         return "\n".join(lines)
 
     def edit_file(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
@@ -442,6 +476,69 @@ def _render_change(c: Change) -> str:
     return f"#{c.seq} {_when(c.at)} {c.action} {c.path}: {before} -> {after}{by}"
 
 
+class _IgnoreRules:
+    """The .gitignore files that apply in one folder, nearest last."""
+
+    def __init__(self, specs: tuple[tuple[Path, pathspec.GitIgnoreSpec], ...] = ()) -> None:
+        self.specs = specs
+
+    def ignores(self, path: Path, *, is_dir: bool) -> bool:
+        """Whether git would ignore `path`: the nearest .gitignore with a matching line
+        decides, and within one file the last matching line (`!` negates)."""
+        for folder, spec in reversed(self.specs):
+            rel = path.relative_to(folder).as_posix() + ("/" if is_dir else "")
+            include = spec.check_file(rel).include
+            if include is not None:
+                return include
+        return False
+
+
+class _GitIgnores:
+    """The .gitignore files a walk from `base` meets, from the workspace root down.
+
+    A folder git ignores is not entered, so nothing under it can be brought back by a
+    negation further down, as in git. Each folder's rules are its parent's plus its own
+    .gitignore, handed down as the walk goes (top-down), so every file is read once.
+    """
+
+    def __init__(self, root: Path, base: Path) -> None:
+        specs: list[tuple[Path, pathspec.GitIgnoreSpec]] = []
+        above = [base, *base.parents]
+        for folder in reversed(above[1 : above.index(root) + 1] if root in above else []):
+            spec = _read_gitignore(folder)
+            if spec is not None:
+                specs.append((folder, spec))
+        self._pending: dict[Path, _IgnoreRules] = {base: _IgnoreRules(tuple(specs))}
+
+    def enter(self, folder: Path, has_gitignore: bool) -> _IgnoreRules:
+        rules = self._pending.pop(folder, None) or _IgnoreRules()
+        spec = _read_gitignore(folder) if has_gitignore else None
+        return _IgnoreRules((*rules.specs, (folder, spec))) if spec is not None else rules
+
+    def hand_down(self, folder: Path, subfolders: list[str], rules: _IgnoreRules) -> None:
+        for name in subfolders:
+            self._pending[folder / name] = rules
+
+
+def _read_gitignore(folder: Path) -> pathspec.GitIgnoreSpec | None:
+    """The rules of `folder`/.gitignore, or None when there is no such regular file (a
+    symlink is not followed: it could name a file outside the workspace)."""
+    try:
+        fd = os.open(folder / _GITIGNORE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as file:
+            data = file.read(_MAX_GITIGNORE_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return pathspec.GitIgnoreSpec.from_lines(data.decode("utf-8", errors="replace").splitlines())
+
+
 def glob_to_regex(pattern: str) -> re.Pattern[str]:
     """Compile a glob over '/'-separated relative paths.
 
@@ -577,6 +674,11 @@ _FIND_FILES_SCHEMA: dict[str, Any] = {
             "type": "string",
             "default": ".",
             "description": "Folder to search from, relative to the workspace.",
+        },
+        "include_ignored": {
+            "type": "boolean",
+            "default": False,
+            "description": "Also list what .gitignore files ignore.",
         },
     },
     "required": ["pattern"],

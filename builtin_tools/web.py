@@ -31,6 +31,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import attrs
+import charset_normalizer
 import httpcore
 import httpx
 import xxhash
@@ -736,22 +737,62 @@ def _is_text(content_type: str, data: bytes) -> bool:
 def _decode_text(response: httpx.Response, data: bytes) -> tuple[str, str]:
     """The body as text, and a note when its declared charset could not be used.
 
+    The charset is, in this order, the one a byte-order mark names, the one the
+    Content-Type header names, the one an HTML page's `<meta charset>` or `<meta
+    http-equiv="Content-Type">` names near its start, UTF-8 when the bytes are UTF-8,
+    and else charset-normalizer's guess. Labels are read as browsers read them, so a
+    page saying `iso-8859-1` or `ascii` is windows-1252 (which is what such pages are).
     A charset naming no codec, or a codec that is not a text encoding (`base64`,
     `zlib`: `bytes.decode` refuses those with a LookupError), is a server's mistake,
     not a reason to hide the page: it is read as UTF-8 instead, and the note says so.
     """
+    for bom, bom_codec in _BOMS:
+        if data.startswith(bom):
+            return data[len(bom) :].decode(bom_codec, errors="replace"), ""
     declared = response.charset_encoding
-    if declared is not None and not _is_text_codec(declared):
-        note = f"Charset: {declared!r} is not a text encoding; shown as UTF-8"
-        return data.decode("utf-8", errors="replace"), note
-    return data.decode(response.encoding or "utf-8", errors="replace"), ""
-
-
-def _is_text_codec(name: str) -> bool:
+    if declared is not None:
+        codec = _text_codec(declared)
+        if codec is None:
+            note = f"Charset: {declared!r} is not a text encoding; shown as UTF-8"
+            return data.decode("utf-8", errors="replace"), note
+        return data.decode(codec, errors="replace"), ""
+    if _is_html(response.headers.get("content-type", ""), data[:100].decode("latin-1")):
+        found = _META_CHARSET.search(data[:_META_PRESCAN_BYTES])
+        codec = _text_codec(found[1].decode("ascii")) if found else None
+        if codec is not None:
+            # A page that is in UTF-16 cannot say so in ASCII; the label is wrong.
+            return data.decode("utf-8" if codec.startswith("utf-16") else codec, errors="replace"), ""
     try:
-        return codecs.lookup(name)._is_text_encoding
+        # Not final: a body cut at the byte limit may end inside a character.
+        codecs.getincrementaldecoder("utf-8")().decode(data, final=False)
+        return data.decode("utf-8", errors="replace"), ""
+    except UnicodeDecodeError:
+        pass
+    guess = charset_normalizer.from_bytes(data).best()
+    codec = _text_codec(guess.encoding) if guess is not None else None
+    return data.decode(codec or "utf-8", errors="replace"), ""
+
+
+_BOMS = ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
+# Browsers look for the <meta> in the first 1024 bytes at least; pages that open with
+# long comments or scripts put it later, so a little more is read.
+_META_PRESCAN_BYTES = 4096
+# `<meta charset="x">`, and `charset=x` inside a `<meta http-equiv ... content="...">`.
+# Each repetition stops at a character the next part cannot start with: linear time.
+_META_CHARSET = re.compile(rb"""<meta\s[^>]*?charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
+# The labels the WHATWG Encoding standard reads as windows-1252.
+_WINDOWS_1252_ALIASES = frozenset({"ascii", "latin-1", "iso8859-1", "cp1252"})
+
+
+def _text_codec(label: str) -> str | None:
+    """The Python codec for a charset label, or None when it names no text encoding."""
+    try:
+        info = codecs.lookup(label.strip())
     except LookupError:
-        return False
+        return None
+    if not info._is_text_encoding:
+        return None
+    return "cp1252" if info.name in _WINDOWS_1252_ALIASES else info.name
 
 
 def _is_html(content_type: str, text: str) -> bool:

@@ -84,6 +84,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = parts.path
         if path == "/page":
             self._send(200, PAGE, "text/html; charset=utf-8")
+        elif path == "/cp1252":
+            self._send(200, (Path(__file__).parent / "data/windows-1252.html").read_bytes(), "text/html")
         elif path == "/plain":
             self._send(200, b"just text\n  indented", "text/plain")
         elif path == "/redirect":
@@ -202,13 +204,23 @@ async def _call(web: WebTools, name: str, **args: Any) -> str:
 
 
 async def test_fetch_page_reduces_html_to_readable_text(web: WebTools, server: str) -> None:
-    """HTML becomes text: title, headings, lists, absolute links; no script or style."""
+    """HTML becomes Markdown: title, headings, lists, bold, absolute links; no script or style."""
     out = await _call(web, "fetch_page", url=f"{server}/page")
     assert out.startswith(f"URL: {server}/page\nTitle: The & Page\n\n# Welcome")
-    assert f"First paragraph with [a link]({server}/next) and bold text." in out
+    assert f"First paragraph\nwith [a link]({server}/next) and **bold** text." in out
     assert "- one\n- two" in out
-    assert "  keep   spacing" in out
+    assert "```\n  keep   spacing\n```" in out
     assert "secret" not in out and "color" not in out
+
+
+async def test_fetch_page_reads_the_charset_a_meta_declares(web: WebTools, server: str) -> None:
+    """A windows-1252 page whose header names no charset is read by its `<meta charset>`:
+    the title and the text have their accents and euro signs."""
+    out = await _call(web, "fetch_page", url=f"{server}/cp1252")
+    title = "Caf\u00e9 de la Gare \u2013 menu d\u2019\u00e9t\u00e9"
+    assert out.startswith(f"URL: {server}/cp1252\nTitle: {title}\n\n# Caf\u00e9 de la Gare\n")
+    assert re.search(r"^\| Cr\u00e8me br\u00fbl\u00e9e +\| 6,50 \u20ac +\|$", out, re.MULTILINE)
+    assert "\ufffd" not in out
 
 
 async def test_fetch_page_follows_redirects(web: WebTools, server: str) -> None:
@@ -824,7 +836,8 @@ def test_web_tool_flags(ws: Path) -> None:
 
 
 def test_html_to_text_keeps_content_and_drops_the_rest() -> None:
-    """Nested skipped elements vanish; only http(s) links are written out; entities decode."""
+    """Nested skipped elements vanish; only http(s) links are written out; entities decode;
+    a table is a Markdown table."""
     title, text = html_to_text(
         "<title>T</title><div><noscript><p>hidden <b>deep</b></p></noscript>"
         "<p>a&nbsp;&lt;b&gt; <a href='javascript:void(0)'>click</a> "
@@ -833,7 +846,7 @@ def test_html_to_text_keeps_content_and_drops_the_rest() -> None:
         "https://base.example/dir/",
     )
     assert title == "T"
-    assert text == "a <b> click [site](https://x.org/) top\n\nk v\n\nend"
+    assert text == "a <b> click [site](https://x.org/) top\n\n| k | v |\n| --- | --- |\n\nend"
     _, text = html_to_text('<p>see <a href="../up.html">up</a></p>', "https://h.example/d/x.html")
     assert text == "see [up](https://h.example/up.html)"
 
