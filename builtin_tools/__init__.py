@@ -3,7 +3,7 @@
 `default_registry(workspace)` registers all of them:
 
 - files: read_files, find_files, edit_file, remove_file, restore_file, file_history
-- shell: run_command
+- shell: run_command (in a bubblewrap sandbox; `command_sandbox()` says whether it works)
 - web: fetch_page, search_web, http_request, download_file
 - meta (always loaded): reasoning_guide, write_todo, chat_history, ask_user, write_result
 - calculate: calculate
@@ -22,6 +22,7 @@ from ._workspace import Workspace
 from .calculate import calculate_tools
 from .files import file_tools
 from .meta import CORE_TOOL_NAMES, meta_tools
+from ._sandbox import command_sandbox
 from .shell import is_read_only_command, shell_tools
 from .web import web_tools
 
@@ -52,13 +53,17 @@ def core_tool_names() -> list[str]:
 
 
 def all_tools(
-    workspace: str | os.PathLike[str] | Workspace, *, search_url: str | None = None
+    workspace: str | os.PathLike[str] | Workspace,
+    *,
+    search_url: str | None = None,
+    sandbox: bool = True,
+    command_network: bool = False,
 ) -> list[Tool]:
     """Every builtin tool, bound to `workspace`, in the order `GROUPS` lists them."""
     ws = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
     return [
         *file_tools(ws),
-        *shell_tools(ws),
+        *shell_tools(ws, sandbox=sandbox, command_network=command_network),
         *web_tools(ws, search_url=search_url),
         *meta_tools(ws),
         *calculate_tools(),
@@ -70,14 +75,23 @@ def default_registry(
     *,
     include: Iterable[str] | None = None,
     search_url: str | None = None,
+    sandbox: bool = True,
+    command_network: bool = False,
 ) -> Registry:
     """A Registry of the builtin tools bound to `workspace` (an existing folder).
 
     `include` limits it to the named tools and groups (see `GROUPS`); an unknown name
     is a ValueError. `search_url` is the SearXNG-compatible endpoint of `search_web`
     (else the THREEPASS_SEARCH_URL environment variable, read at each call).
+
+    `run_command` runs every command in a bubblewrap sandbox (no network, the system
+    read-only, homes hidden, only the workspace writable, and read-only for commands run
+    without confirmation; see `command_sandbox()`). Where bwrap is missing or cannot
+    start, every command needs confirmation. `sandbox=False` runs commands unsandboxed
+    and lets read-only commands run unconfirmed: for hosts that are a sandbox already.
+    `command_network=True` gives confirmed commands the network.
     """
-    tools = all_tools(workspace, search_url=search_url)
+    tools = all_tools(workspace, search_url=search_url, sandbox=sandbox, command_network=command_network)
     if include is not None:
         wanted = _expand(include)
         tools = [t for t in tools if t.name in wanted]
