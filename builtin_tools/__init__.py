@@ -18,11 +18,12 @@ from collections.abc import Iterable
 
 from dispatcher._registry import Registry, Tool
 
+# Public; joins __all__ together with the test that lists the package's names.
+from ._sandbox import command_sandbox as command_sandbox
 from ._workspace import Workspace
 from .calculate import calculate_tools
 from .files import file_tools
 from .meta import CORE_TOOL_NAMES, meta_tools
-from ._sandbox import command_sandbox
 from .shell import is_read_only_command, shell_tools
 from .web import web_tools
 

@@ -506,12 +506,10 @@ async def _run_stages(
             _kill_process_group(process)
         raise
     finally:
+        # Close our ends of the pipes and reap every stage, even when cancelled.
         with anyio.CancelScope(shield=True), anyio.move_on_after(_REAP_TIMEOUT):
             for process in processes:
-                for stream in (process.stdout, process.stderr):
-                    if stream is not None:
-                        await stream.aclose()
-                await process.wait()
+                await process.aclose()
 
 
 async def _collect(
