@@ -444,6 +444,11 @@ class ShellTools:
         """The argv of each stage of a read-only pipeline, and the environment it runs in."""
         for name in _UNSAFE_ENVIRONMENT:
             env.pop(name, None)
+        # What the programs start in turn (rg's decompressors, git's helpers) comes from
+        # the system folders too, and git does not look for a repository above the
+        # workspace (whose files it would show from outside).
+        env["PATH"] = _SYSTEM_PATH
+        env["GIT_CEILING_DIRECTORIES"] = os.fspath(self.ws.root.parent)
         stages = []
         for words in segments:
             program = shutil.which(words[0], path=_SYSTEM_PATH)

@@ -151,10 +151,9 @@ async def test_a_read_only_pipeline_runs_in_the_sandbox(ws: Path, bwrap: str) ->
     (ws / "a.txt").write_text("b\na\nc\na\n")
     out = await _run(ws, "cat a.txt | sort | grep -c a")
     assert out.splitlines()[:3] == ["exit code: 0", "stdout:", "2"]
-    seen = await _run(ws, "ls /root")
-    assert seen.splitlines()[:3] == ["exit code: 2", "stdout: (empty)", "stderr:"] or (
-        seen.startswith("exit code: 0") and "stdout: (empty)" in seen
-    )
+    # Approved (it names a path outside), it still sees only the sandbox's empty /root.
+    seen = await _run(ws, "ls -A /root")
+    assert seen.splitlines()[:2] == ["exit code: 0", "stdout: (empty)"]
 
 
 def test_a_sandboxed_command_runs_under_asyncio(ws: Path, bwrap: str) -> None:

@@ -547,14 +547,20 @@ def _hostile_repository(ws: Path, outside: Path) -> None:
 
 
 @_needs_git
-async def test_read_only_git_runs_nothing_the_repository_config_names(ws: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sandbox", [False, True], ids=["unsandboxed", "sandboxed"])
+async def test_read_only_git_runs_nothing_the_repository_config_names(
+    ws: Path, tmp_path: Path, sandbox: bool
+) -> None:
     """git status/diff/log/show run without confirmation, so they run none of the programs
-    the repository's config names, and still show the change."""
+    the repository's config names (with no sandbox to hide them either), and still show
+    the change."""
+    if sandbox:
+        require_program("bwrap", package="bubblewrap")
     outside = tmp_path / "outside"
     _hostile_repository(ws, outside)
     commands = ["git status", "git status -v", "git diff", "git log -p", "git show", "git diff HEAD"]
     assert all(is_read_only_command(c) for c in commands)
-    outputs = {c: await _run(ws, c) for c in commands}
+    outputs = {c: await _run(ws, c, options={"sandbox": sandbox}) for c in commands}
     assert sorted(p.name for p in outside.iterdir()) == ["payload.sh"]
     assert "modified:   f.txt" in outputs["git status"]
     assert "-a\n+b" in outputs["git diff"] and "-a\n+b" in outputs["git diff HEAD"]
@@ -615,3 +621,17 @@ def _running_with_argument(argument: str) -> bool:
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+
+
+@_needs_git
+async def test_read_only_git_does_not_look_above_the_workspace(tmp_path: Path) -> None:
+    """A workspace inside a bigger repository: read-only git does not show that repository's
+    files or history from outside the workspace."""
+    _git(tmp_path, "init", "-q", ".")
+    (tmp_path / "secret.txt").write_text("outside\n")
+    _git(tmp_path, "add", "secret.txt")
+    _git(tmp_path, "commit", "-q", "-m", "outside history")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    out = await _run(ws, "git log", options=_BARE)
+    assert "outside history" not in out and "not a git repository" in out
