@@ -7,6 +7,8 @@ A command runs one of two ways:
   the argv of each command of a pipeline, and exactly those argvs run, without a shell
   (the tool wires the pipes), in the sandbox with the workspace read-only and no
   network. What was checked is what runs: there is no shell left to expand anything.
+  Such a line runs this way even when it needed the gate (it named a path outside the
+  workspace, or there is no sandbox): an allowed program never needs more.
 - anything else, once the gate approved it: through bash, in the sandbox with the
   workspace writable (and the network only with `command_network=True`).
 
@@ -194,6 +196,10 @@ def _path_candidates(word: str) -> list[str]:
     return [word]
 
 
+# Past this, a short option's attached value is not searched for paths: the word is refused.
+_MAX_OPTION_WORD = 256
+
+
 def _leaves(candidate: str, root: Path | None, cwd: Path | None) -> bool:
     """Whether `candidate`, taken as a path from `cwd`, names something outside `root`
     (after `..` and symbolic links). Without a root: any absolute or climbing path."""
@@ -214,6 +220,8 @@ def _read_only_pipeline(command: object, root: Path | None, cwd: Path | None) ->
         return None
     for words in segments:
         for word in words[1:]:
+            if word.startswith("-") and not word.startswith("--") and len(word) > _MAX_OPTION_WORD:
+                return None
             if any(_leaves(candidate, root, cwd) for candidate in _path_candidates(word)):
                 return None
     return segments

@@ -243,3 +243,26 @@ def test_default_registry_passes_the_options_on(ws: Path) -> None:
     off = builtin_tools.default_registry(ws, include=["run_command"], sandbox=False)
     assert "without a sandbox (turned off" in off.get("run_command").description
     assert off.get("run_command").confirm({"command": "ls"}) is False  # type: ignore[operator]
+
+
+async def test_sandbox_read_only_paths_show_a_host_folder_read_only(
+    ws: Path, tmp_path: Path, bwrap: str
+) -> None:
+    """A folder named in sandbox_read_only_paths is readable inside, and not writable."""
+    tools_dir = tmp_path / "toolchain"
+    tools_dir.mkdir()
+    (tools_dir / "version").write_text("1.2\n")
+    out = await _run(
+        ws, f"cat {tools_dir}/version; touch {tools_dir}/x", sandbox_read_only_paths=[tools_dir]
+    )
+    assert "1.2" in out and "Read-only file system" in out
+    assert sorted(p.name for p in tools_dir.iterdir()) == ["version"]
+
+
+async def test_a_pipeline_whose_reader_stops_early_ends(ws: Path, bwrap: str) -> None:
+    """`cat big | head -1` ends when head does: the writer is not left blocked on the pipe."""
+    (ws / "big.txt").write_text("line\n" * 2_000_000)
+    start = trio.current_time()
+    out = await _run(ws, "cat big.txt | head -1")
+    assert out.splitlines()[:3] == ["exit code: 0", "stdout:", "line"]
+    assert trio.current_time() - start < 5

@@ -310,6 +310,10 @@ BYPASSES = [
     "/bin/ls",
     "command ls",
     "exec ls",
+    "grep -" + "x" * 300 + " a.txt",
+    "cat a.txt\t| tee x",
+    "cat 'a.txt\x00'",
+    "cat \u00e9",
 ]
 
 
