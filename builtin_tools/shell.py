@@ -386,7 +386,10 @@ class ShellTools:
                 f"the workspace writable, {network} network. "
             )
         else:
-            text += f"It runs without a sandbox ({self.sandbox.reason}). "
+            # Fixed words, not the reason itself (paths, versions): the description is part
+            # of the registry's fingerprint, which recordings carry.
+            why = "turned off" if self.auto_approval else "bwrap is missing or cannot start"
+            text += f"It runs without a sandbox ({why}). "
         if self.auto_approval:
             text += (
                 "Read-only commands run without confirmation: plain words and quotes, no $, "

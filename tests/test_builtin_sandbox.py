@@ -203,7 +203,9 @@ def test_without_bwrap_every_command_needs_confirmation(
         f"run_command has no sandbox, so every command needs confirmation: {stats.sandbox.reason}"
     ) == 1
     assert first.needs_confirmation({"command": "ls"}) is True
-    assert "Every command needs confirmation" in first.tools()[0].description
+    description = first.tools()[0].description
+    assert "without a sandbox (bwrap is missing or cannot start)" in description
+    assert "Every command needs confirmation" in description
 
 
 def test_a_bwrap_that_cannot_start_turns_auto_approval_off(ws: Path, tmp_path: Path) -> None:
