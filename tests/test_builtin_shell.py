@@ -10,12 +10,15 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import hypothesis
+import hypothesis.strategies
 import pytest
 import trio
 
 from builtin_tools import default_registry
 from builtin_tools._workspace import Workspace
 from builtin_tools.shell import ShellTools, is_read_only_command
+from builtin_tools.shell import _split_pipeline as split_pipeline
 from dispatcher import Allow, Deny, Dispatcher, Status, ToolCall
 from dispatcher._exceptions import ToolError
 
@@ -443,12 +446,15 @@ async def test_a_read_only_command_looks_programs_up_outside_the_workspace(
         "find . {-delete,}",
         "find . -fls${X} listing",
         "git diff --out${X}put=patch",
+        "find . *",
     ],
 )
 async def test_a_refused_bypass_runs_nothing(ws: Path, command: str) -> None:
     """Through the dispatcher, each reported bypass reaches the gate, and its refusal
-    means nothing ran: the files are all still there and nothing was written."""
+    means nothing ran: the files (one named `-delete`, for a glob to pick up) are all
+    still there and nothing was written."""
     (ws / "keep.txt").write_text("k")
+    (ws / "-delete").write_text("")
     asked: list[str] = []
 
     def gate(call: ToolCall, ctx: Any) -> Deny:
@@ -460,7 +466,7 @@ async def test_a_refused_bypass_runs_nothing(ws: Path, command: str) -> None:
         result = await dispatcher.invoke("run_command", {"command": command})
     assert asked == [command]
     assert result.status is Status.denied
-    assert os.listdir(ws) == ["keep.txt"]
+    assert sorted(os.listdir(ws)) == ["-delete", "keep.txt"]
 
 
 async def test_a_command_that_cannot_run_fails_alone(ws: Path) -> None:
@@ -639,3 +645,30 @@ async def test_read_only_git_does_not_look_above_the_workspace(tmp_path: Path) -
     ws.mkdir()
     out = await _run(ws, "git log", options=_BARE)
     assert "outside history" not in out and "not a git repository" in out
+
+
+_PIECES = [
+    "a", "b.txt", "-x", "--opt=v", "HEAD~1", "~", "=", ":", "a=", "a:", ".", "..", "/",
+    "'q w'", '"d q"', "''", '""', "'$X'", '"$X"', "'*'", '"a\'b"', "'a\"b'", "$X", "${X}",
+    "$'x'", '$"x"', "{a,b}", "*", "?", "[a]", "\\", "\\n", "#", "!", "!!", "%", "^", "@", "+",
+    ",", " ", " ", "\t", ";", "&", ">", "<", "(", ")", "`x`",
+]  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(hypothesis.strategies.lists(hypothesis.strategies.sampled_from(_PIECES), max_size=8))
+def test_the_lexer_reads_every_line_it_accepts_as_bash_does(pieces: list[str]) -> None:
+    """Every line the strict lexer accepts means to bash exactly the words the lexer read:
+    bash would expand nothing in it."""
+    line = "".join(pieces)
+    segments = split_pipeline(line)
+    hypothesis.assume(segments is not None and len(segments) == 1)
+    assert segments is not None
+    done = subprocess.run(
+        ["bash", "--norc", "--noprofile", "-c", "printf '%s\\0' " + line],
+        capture_output=True, cwd="/", env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"},
+        check=True, timeout=10,
+    )  # fmt: skip
+    words = done.stdout.decode().split("\0")[:-1]
+    assert words == segments[0]
