@@ -460,16 +460,16 @@ class ShellTools:
         # workspace (whose files it would show from outside).
         env["PATH"] = _SYSTEM_PATH
         env["GIT_CEILING_DIRECTORIES"] = os.fspath(self.ws.root.parent)
+        if any(words[0] == "git" for words in segments):  # see _SAFE_GIT_CONFIG
+            env = await _safe_git_env(env, cwd)
         stages = []
         for words in segments:
             program = shutil.which(words[0], path=_SYSTEM_PATH)
             if program is None:
                 raise ToolError(f"cannot start the command: {words[0]!r} is not installed", retryable=False)
             argv = [program, *words[1:]]
-            if words[0] == "git":  # runs without confirmation: see _SAFE_GIT_CONFIG
-                env = await _safe_git_env(env, cwd)
-                if words[1] != "status":
-                    argv[2:2] = ["--no-ext-diff", "--no-textconv"]
+            if words[0] == "git" and words[1] != "status":
+                argv[2:2] = ["--no-ext-diff", "--no-textconv"]
             stages.append(self._confine(argv, cwd, writable=False, network=False))
         return stages, env
 
