@@ -9,7 +9,8 @@ state). Every namespace is unshared, the network too unless the caller asks for 
 so a command can open no socket to anything outside; the sandbox dies with its parent,
 and when the command exits, everything it left running in the background dies with it.
 
-Whether bwrap can start is learnt by starting it once, with the options used for
+No capability is left to the command, so it cannot remount what it was given
+read-only. Whether bwrap can start is learnt by starting it once, with the options used for
 real, and remembered for the process; a failure is logged once. Nothing from the
 dispatcher's passes, trio or asyncio may be imported here.
 """
@@ -65,7 +66,9 @@ def bwrap_argv(
     """The argv that runs `command` (an argv, run as is: no shell is added) in the
     sandbox, in `cwd`, with `workspace` writable or not and the network shared or not.
     `read_only_paths` are further host folders to show read-only (a toolchain, say)."""
-    argv = [program, "--unshare-all", "--die-with-parent", "--new-session"]
+    # Run by root, bwrap keeps every capability inside unless told: with CAP_SYS_ADMIN
+    # a command could remount the read-only binds (the workspace, the system) writable.
+    argv = [program, "--unshare-all", "--cap-drop", "ALL", "--die-with-parent", "--new-session"]
     if network:
         argv.append("--share-net")
     for path in _SYSTEM_PATHS:

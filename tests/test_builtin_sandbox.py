@@ -144,6 +144,17 @@ async def test_a_classifier_mistake_can_neither_write_nor_reach_out(
     assert tools.needs_confirmation({"command": command}) is False
     reached = await _run(ws, command, command_network=True)
     assert "refused" in reached and "connected" not in reached
+    # Not even by remounting the workspace writable: the command holds no capability.
+    remount = f"bash -c 'mount -o remount,rw,bind {ws} {ws}; mount -o remount,rw /usr; touch {ws}/y'"
+    assert tools.needs_confirmation({"command": remount}) is False
+    remounted = await _run(ws, remount)
+    assert "Read-only file system" in remounted and not (ws / "y").exists()
+
+
+async def test_a_command_holds_no_capability(ws: Path, bwrap: str) -> None:
+    """Even run by root, a command in the sandbox has an empty capability set."""
+    out = await _run(ws, "grep CapEff /proc/self/status")
+    assert "CapEff:\t0000000000000000" in out
 
 
 async def test_a_read_only_pipeline_runs_in_the_sandbox(ws: Path, bwrap: str) -> None:
