@@ -34,9 +34,16 @@ _log = logging.getLogger("threepass.shell")
 
 # Bound read-only at their own path; a symbolic link (merged /usr) is recreated as one.
 _SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
-# Readable only by root on the host, and root inside the sandbox is the same user.
-_MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers")
-_MASKED_FOLDERS = ("/etc/ssh", "/etc/ssl/private", "/etc/sudoers.d")
+# Secrets in /etc: readable only by root on the host, but root inside the sandbox is the
+# same user. (Run the agent as another user and the host's permissions hide the rest.)
+_MASKED_FILES = (
+    "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
+    "/etc/security/opasswd", "/etc/krb5.keytab", "/etc/ipsec.secrets",
+)  # fmt: skip
+_MASKED_FOLDERS = (
+    "/etc/ssh", "/etc/ssl/private", "/etc/pki/tls/private", "/etc/sudoers.d", "/etc/letsencrypt",
+    "/etc/wireguard", "/etc/NetworkManager/system-connections", "/etc/ipsec.d/private",
+)  # fmt: skip
 _EMPTY_FOLDERS = ("/tmp", "/var/tmp", "/root", "/home", "/run")
 # With the network shared, name resolution may need the resolver's socket folder.
 _RESOLVER_PATHS = ("/run/systemd/resolve",)
