@@ -450,9 +450,8 @@ async def test_a_read_only_command_looks_programs_up_outside_the_workspace(
     ],
 )
 async def test_a_refused_bypass_runs_nothing(ws: Path, command: str) -> None:
-    """Through the dispatcher, each reported bypass reaches the gate, and its refusal
-    means nothing ran: the files (one named `-delete`, for a glob to pick up) are all
-    still there and nothing was written."""
+    """Through the dispatcher each reported bypass reaches the gate, and refused, it
+    deletes and writes nothing (not even with a file named `-delete` for a glob)."""
     (ws / "keep.txt").write_text("k")
     (ws / "-delete").write_text("")
     asked: list[str] = []
@@ -561,9 +560,8 @@ def _hostile_repository(ws: Path, outside: Path) -> None:
 async def test_read_only_git_runs_nothing_the_repository_config_names(
     ws: Path, tmp_path: Path, sandbox: bool
 ) -> None:
-    """git status/diff/log/show run without confirmation, so they run none of the programs
-    the repository's config names (with no sandbox to hide them either), and still show
-    the change."""
+    """Unconfirmed git status/diff/log/show run none of the programs the repository's
+    config names, sandboxed or not, and still show the change."""
     if sandbox:
         require_program("bwrap", package="bubblewrap")
     outside = tmp_path / "outside"
