@@ -186,6 +186,13 @@ BYPASSES = [
     "find .. *",
     "cat ../outside.txt",
     "cat /etc/shadow",
+    # quotes that bash removes: the program still sees the option
+    "find . '-delete'",
+    'find . "-de"\'lete\'',
+    "find . -ex'ec' rm {} ';'",
+    "git diff --out\"put\"=x",
+    "git diff '--output=x'",
+    "'sed' -i s/a/b/ a.txt",
     # parameter expansion, ANSI-C and locale quoting, IFS
     "cat ${HOME}/.ssh/id_rsa",
     "cat $HOME",
