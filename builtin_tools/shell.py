@@ -153,7 +153,12 @@ _GIT_REFUSED = _Refused(long=frozenset({"--output", "--ext-diff", "--textconv"})
 # workspace (or `.`) where a command could have left its own `ls`.
 _SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 # Settings an allowed program would read from the environment to run something else.
-_UNSAFE_ENVIRONMENT = ("RIPGREP_CONFIG_PATH", "GREP_OPTIONS", "GIT_EXTERNAL_DIFF", "GIT_EXEC_PATH")
+# Also where git would look for a repository other than by searching from the folder.
+_UNSAFE_ENVIRONMENT = (
+    "RIPGREP_CONFIG_PATH", "GREP_OPTIONS", "GIT_EXTERNAL_DIFF", "GIT_EXEC_PATH",
+    "GIT_DIR", "GIT_WORK_TREE", "GIT_COMMON_DIR", "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_INDEX_FILE", "GIT_NAMESPACE",
+)  # fmt: skip
 
 
 def _segment_is_read_only(words: Sequence[str]) -> bool:
@@ -214,9 +219,44 @@ def _leaves(candidate: str, root: Path | None, cwd: Path | None) -> bool:
     return not resolved.is_relative_to(root)
 
 
+def _git_stays_inside(root: Path, cwd: Path) -> bool:
+    """Whether the repository git finds from `cwd` (looking no higher than `root`, see
+    GIT_CEILING_DIRECTORIES) keeps its files inside `root`. A `.git` file (worktrees,
+    submodules), a `commondir` file or an alternates file may point anywhere, and git
+    would show what it finds there."""
+    here = cwd
+    while not os.path.lexists(here / ".git"):
+        if here == root or here.parent == here:
+            return True  # no repository inside: git finds none and says so
+        here = here.parent
+    dot_git = here / ".git"
+    git_dir = _linked_dir(dot_git, here, root) if dot_git.is_file() else dot_git
+    if git_dir is None or not Path(os.path.realpath(git_dir)).is_relative_to(root):
+        return False
+    common = git_dir / "commondir"
+    objects_of = _linked_dir(common, git_dir, root, prefix="") if common.is_file() else git_dir
+    return objects_of is not None and not os.path.lexists(objects_of / "objects" / "info" / "alternates")
+
+
+def _linked_dir(pointer: Path, base: Path, root: Path, *, prefix: str = "gitdir:") -> Path | None:
+    """The folder a `.git` (`gitdir: <path>`) or `commondir` (`<path>`) file names, if it
+    is inside `root`; else None."""
+    try:
+        text = pointer.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    if not text.startswith(prefix):
+        return None
+    target = Path(os.path.realpath(base / text[len(prefix) :].strip()))
+    return target if target.is_relative_to(root) else None
+
+
 def _read_only_pipeline(command: object, root: Path | None, cwd: Path | None) -> list[list[str]] | None:
     segments = _lexically_read_only(command)
     if segments is None:
+        return None
+    runs_git = any(words[0] == "git" for words in segments)
+    if runs_git and root is not None and cwd is not None and not _git_stays_inside(root, cwd):
         return None
     for words in segments:
         for word in words[1:]:
@@ -255,8 +295,9 @@ def is_read_only_command(
     links (find -exec/-ok/-delete/-fprint*/-fls/-L, rg --pre, sort -o, git --output, ...,
     long options with every abbreviation). No argument may name a path outside
     `workspace` (from `cwd`, a folder inside it or relative to it; after `..` and
-    symbolic links), nor may an option's attached value. Without a workspace, any
-    absolute path or `..` is outside. When in doubt: False.
+    symbolic links), nor may an option's attached value, nor may git's repository lie
+    outside (a `.git` file or link, `commondir` or alternates pointing out). Without a
+    workspace, any absolute path or `..` is outside. When in doubt: False.
     """
     root = Path(os.path.realpath(workspace)) if workspace is not None else None
     here = None

@@ -677,3 +677,46 @@ def test_the_lexer_reads_every_line_it_accepts_as_bash_does(pieces: list[str]) -
     )  # fmt: skip
     words = done.stdout.decode().split("\0")[:-1]
     assert words == segments[0]
+
+
+def _repository_shaped(folder: Path) -> Path:
+    """A folder laid out like a .git folder (enough for the check; git need not run)."""
+    (folder / "objects" / "info").mkdir(parents=True)
+    (folder / "HEAD").write_text("ref: refs/heads/main\n")
+    return folder
+
+
+@pytest.mark.parametrize("layout", ["gitdir-outside", "link-outside", "commondir-outside", "alternates"])
+def test_read_only_git_needs_confirmation_when_the_repository_lies_outside(
+    ws: Path, tmp_path: Path, layout: str
+) -> None:
+    """git reads whatever repository a `.git` file, link, commondir or alternates names:
+    one outside the workspace makes read-only git need confirmation."""
+    outside = _repository_shaped(tmp_path / "elsewhere.git")
+    if layout == "gitdir-outside":
+        (ws / ".git").write_text(f"gitdir: {outside}\n")
+    elif layout == "link-outside":
+        (ws / ".git").symlink_to(outside)
+    elif layout == "commondir-outside":
+        inner = _repository_shaped(ws / ".git")
+        (inner / "commondir").write_text(f"{outside}\n")
+    else:
+        inner = _repository_shaped(ws / ".git")
+        (inner / "objects" / "info" / "alternates").write_text(f"{outside}/objects\n")
+    (ws / "sub").mkdir()
+    tools = ShellTools(Workspace(ws), sandbox=False)
+    assert tools.needs_confirmation({"command": "git log", "cwd": "sub"}) is True
+    assert tools.needs_confirmation({"command": "git status"}) is True
+    assert tools.needs_confirmation({"command": "cat a.txt"}) is False
+
+
+def test_read_only_git_in_a_submodule_inside_stays_read_only(ws: Path) -> None:
+    """A `.git` file pointing inside the workspace (a submodule's) keeps git read-only."""
+    _repository_shaped(ws / ".git")
+    modules = _repository_shaped(ws / ".git" / "modules" / "lib")
+    (ws / "lib").mkdir()
+    (ws / "lib" / ".git").write_text("gitdir: ../.git/modules/lib\n")
+    tools = ShellTools(Workspace(ws), sandbox=False)
+    assert modules.is_dir()
+    assert tools.needs_confirmation({"command": "git status", "cwd": "lib"}) is False
+    assert tools.needs_confirmation({"command": "git log"}) is False
