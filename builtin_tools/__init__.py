@@ -3,7 +3,7 @@
 `default_registry(workspace)` registers all of them:
 
 - files: read_files, find_files, edit_file, remove_file, restore_file, file_history
-- shell: run_command
+- shell: run_command (in a bubblewrap sandbox; `command_sandbox()` says whether it works)
 - web: fetch_page, search_web, http_request, download_file
 - meta (always loaded): reasoning_guide, write_todo, chat_history, ask_user, write_result
 - calculate: calculate
@@ -18,6 +18,7 @@ from collections.abc import Iterable
 
 from dispatcher._registry import Registry, Tool
 
+from ._sandbox import SandboxStatus, command_sandbox
 from ._workspace import Workspace
 from .calculate import calculate_tools
 from .files import file_tools
@@ -27,8 +28,10 @@ from .web import web_tools
 
 __all__ = [
     "GROUPS",
+    "SandboxStatus",
     "Workspace",
     "all_tools",
+    "command_sandbox",
     "core_tool_names",
     "default_registry",
     "is_read_only_command",
@@ -56,12 +59,14 @@ def all_tools(
     *,
     search_url: str | None = None,
     allow_private_network: bool = False,
+    sandbox: bool = True,
+    command_network: bool = False,
 ) -> list[Tool]:
     """Every builtin tool, bound to `workspace`, in the order `GROUPS` lists them."""
     ws = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
     return [
         *file_tools(ws),
-        *shell_tools(ws),
+        *shell_tools(ws, sandbox=sandbox, command_network=command_network),
         *web_tools(ws, search_url=search_url, allow_private_network=allow_private_network),
         *meta_tools(ws),
         *calculate_tools(),
@@ -74,6 +79,8 @@ def default_registry(
     include: Iterable[str] | None = None,
     search_url: str | None = None,
     allow_private_network: bool = False,
+    sandbox: bool = True,
+    command_network: bool = False,
 ) -> Registry:
     """A Registry of the builtin tools bound to `workspace` (an existing folder).
 
@@ -84,8 +91,21 @@ def default_registry(
     The web tools never connect to link-local or cloud metadata addresses, and reach
     loopback and private ranges only with `allow_private_network=True` (the search
     endpoint may be on them anyway: it is the operator's own configuration).
+
+    `run_command` runs every command in a bubblewrap sandbox (no network, the system
+    read-only, homes hidden, only the workspace writable, and read-only for commands run
+    without confirmation; see `command_sandbox()`). Where bwrap is missing or cannot
+    start, every command needs confirmation. `sandbox=False` runs commands unsandboxed
+    and lets read-only commands run unconfirmed: for hosts that are a sandbox already.
+    `command_network=True` gives confirmed commands the network.
     """
-    tools = all_tools(workspace, search_url=search_url, allow_private_network=allow_private_network)
+    tools = all_tools(
+        workspace,
+        search_url=search_url,
+        allow_private_network=allow_private_network,
+        sandbox=sandbox,
+        command_network=command_network,
+    )
     if include is not None:
         wanted = _expand(include)
         tools = [t for t in tools if t.name in wanted]

@@ -1,58 +1,313 @@
-"""The shell tool, `run_command`, and `is_read_only_command`, the conservative test that
-decides whether a command needs confirmation and whether it may have written files.
+"""The shell tool, `run_command`, and `is_read_only_command`, the strict test that
+decides which commands run without confirmation.
 
-A command runs through the shell in its own process group, with the workspace (or a
-folder inside it) as its working directory, stdin closed and its output bounded
-(head and tail kept). Its own timeout kills the whole group. Nothing from the
-dispatcher's passes may be imported here.
+A command runs one of two ways:
+
+- read-only (`is_read_only_command`): the line is split by the strict lexer below into
+  the argv of each command of a pipeline, and exactly those argvs run, without a shell
+  (the tool wires the pipes), in the sandbox with the workspace read-only and no
+  network. What was checked is what runs: there is no shell left to expand anything.
+  Such a line runs this way even when it needed the gate (it named a path outside the
+  workspace, or there is no sandbox): an allowed program never needs more.
+- anything else, once the gate approved it: through bash, in the sandbox with the
+  workspace writable (and the network only with `command_network=True`).
+
+The sandbox (`_sandbox.py`, bubblewrap) is what makes a classifier mistake harmless: a
+command in it can neither write outside the workspace nor reach the network, and sees no
+home folder. When it is missing or cannot start, nothing runs without confirmation,
+unless the tools were built with `sandbox=False`, which says the user accepts running
+unsandboxed; then the classifier alone decides.
+
+Every command runs in its own process group (killed whole at its timeout), in the
+workspace or a folder inside it, with stdin closed and its output bounded (head and
+tail kept). Nothing from the dispatcher's passes, trio or asyncio may be imported here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-import shlex
 import shutil
 import signal
+import string
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-import trio
+import anyio
+import anyio.abc
+import attrs
 
 from dispatcher._exceptions import ToolError
 from dispatcher._registry import Tool
 from dispatcher._types import ToolContext
 
+from ._sandbox import SandboxStatus, bwrap_argv, command_sandbox
 from ._workspace import Workspace
 
-__all__ = ["ShellTools", "is_read_only_command", "shell_tools"]
+__all__ = ["ShellStatistics", "ShellTools", "is_read_only_command", "shell_tools"]
 
 DEFAULT_TIMEOUT = 120.0
 MAX_TIMEOUT = 600.0
-_PIPE_GRACE = 0.5  # how long to keep reading after the shell exits, for buffered output
+_PIPE_GRACE = 0.5  # how long to keep reading after the command exits, for buffered output
+_REAP_TIMEOUT = 5.0
 
-# Each allowed program, with the arguments that would make it write or run something.
-_READ_ONLY_PROGRAMS: dict[str, frozenset[str]] = {
-    "ls": frozenset(),
-    "cat": frozenset(),
-    "head": frozenset(),
-    "tail": frozenset(),
-    "wc": frozenset(),
-    "grep": frozenset(),
-    "pwd": frozenset(),
-    "echo": frozenset(),
-    # --pre runs a preprocessor program on every file searched.
-    "rg": frozenset({"--pre", "--pre-glob"}),
-    "find": frozenset(
-        {"-delete", "-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprint0", "-fprintf", "-fls"}
+# -- the strict lexer -----------------------------------------------------------------------
+#
+# It accepts only what bash would pass on unchanged: words of the characters below, and
+# quoted parts that bash takes literally ('...' always; "..." without $ ` \ or !), glued
+# together as bash glues them, with `|` between commands. `~` is taken only inside a word
+# and not after `=` or `:` (`HEAD~1`), where bash leaves it alone. Anything else (every
+# other character unquoted: $ ` \ { } [ ] * ? ! # ; & < > ( ) and newlines) makes the
+# line not read-only: it is left to the gate and to bash, never reinterpreted here.
+_UNQUOTED = frozenset(string.ascii_letters + string.digits + "_-./,:=+@%^")
+_NOT_LITERAL_IN_DOUBLE_QUOTES = frozenset('$`\\!"')
+_BLANKS = frozenset(" \t")
+_MAX_WORD = 4096
+
+
+def _split_pipeline(command: str) -> list[list[str]] | None:
+    """The argv of each command of `command`, a pipeline of plain words; None for
+    anything the lexer does not accept."""
+    segments: list[list[str]] = [[]]
+    word: list[str] | None = None  # None: between words
+    i, end = 0, len(command)
+    while i < end:
+        ch = command[i]
+        if ch in _BLANKS or ch == "|":
+            if word is not None:
+                segments[-1].append("".join(word))
+                word = None
+            if ch == "|":
+                if not segments[-1]:
+                    return None  # `| x`, `x || y`
+                segments.append([])
+            i += 1
+        elif ch in "'\"":
+            close = command.find(ch, i + 1)
+            if close < 0:
+                return None  # an unclosed quote
+            part = command[i + 1 : close]
+            if not part.isprintable() or (ch == '"' and _NOT_LITERAL_IN_DOUBLE_QUOTES & set(part)):
+                return None
+            word = [*(word or []), part]
+            i = close + 1
+        elif ch in _UNQUOTED or (ch == "~" and word and not word[-1].endswith(("=", ":"))):
+            word = [*(word or []), ch]
+            i += 1
+        else:
+            return None
+    if word is not None:
+        segments[-1].append("".join(word))
+    if not all(segments) or any(len(w) > _MAX_WORD for words in segments for w in words):
+        return None
+    return segments
+
+
+# -- what each allowed program may not be asked to do ---------------------------------------
+
+
+@attrs.frozen
+class _Refused:
+    """The options that would make an allowed program write, run another program, or
+    follow symbolic links out of the workspace."""
+
+    # Long options, refused with every abbreviation (GNU getopt takes any unique prefix).
+    long: frozenset[str] = frozenset()
+    # Short option letters, refused anywhere in a cluster (`-rR` is `-r -R`).
+    short: str = ""
+    # Whole words refused by prefix (find's actions are words, not options).
+    words: tuple[str, ...] = ()
+
+
+_READ_ONLY_PROGRAMS: dict[str, _Refused] = {
+    "cat": _Refused(),
+    "head": _Refused(),
+    "tail": _Refused(),
+    "wc": _Refused(),
+    "pwd": _Refused(),
+    "echo": _Refused(),
+    "cut": _Refused(),
+    "tr": _Refused(),
+    "stat": _Refused(),
+    "ls": _Refused(long=frozenset({"--dereference"}), short="L"),
+    "du": _Refused(long=frozenset({"--dereference"}), short="L"),
+    "grep": _Refused(long=frozenset({"--dereference-recursive"}), short="R"),
+    # --pre and --hostname-bin run programs; --follow leaves the workspace through links.
+    "rg": _Refused(long=frozenset({"--pre", "--pre-glob", "--hostname-bin", "--follow"}), short="L"),
+    # -o writes the output to a file, --compress-program runs one, -T writes temp files.
+    "sort": _Refused(
+        long=frozenset({"--output", "--compress-program", "--temporary-directory"}), short="oT"
+    ),
+    "find": _Refused(
+        words=("-exec", "-ok", "-delete", "-fprint", "-fls", "-follow", "-L"),
     ),
 }
 _READ_ONLY_GIT = frozenset({"status", "log", "diff", "show"})
 # git diff/log/show --output=<file> writes; --ext-diff and --textconv run configured programs.
 # git also takes any unambiguous prefix of a long option (`--outp=x` is `--output=x`).
-_GIT_WRITING_OPTIONS = frozenset({"--output", "--ext-diff", "--textconv"})
+_GIT_REFUSED = _Refused(long=frozenset({"--output", "--ext-diff", "--textconv"}))
+# Read-only commands are looked up here, never in PATH, which may name a folder of the
+# workspace (or `.`) where a command could have left its own `ls`.
+_SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+# Settings an allowed program would read from the environment to run something else.
+# Also where git would look for a repository other than by searching from the folder.
+_UNSAFE_ENVIRONMENT = (
+    "RIPGREP_CONFIG_PATH", "GREP_OPTIONS", "GIT_EXTERNAL_DIFF", "GIT_EXEC_PATH",
+    "GIT_DIR", "GIT_WORK_TREE", "GIT_COMMON_DIR", "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_INDEX_FILE", "GIT_NAMESPACE",
+)  # fmt: skip
 
+
+def _segment_is_read_only(words: Sequence[str]) -> bool:
+    program, rest = words[0], list(words[1:])
+    if program == "git":
+        if not rest or rest[0] not in _READ_ONLY_GIT:
+            return False  # includes options before the subcommand (-c, -C, --exec-path)
+        program, rest, refused = "git", rest[1:], _GIT_REFUSED
+    else:
+        found = _READ_ONLY_PROGRAMS.get(program)
+        if found is None:
+            return False
+        refused = found
+    return not any(_is_refused(word, refused) for word in rest)
+
+
+def _is_refused(word: str, refused: _Refused) -> bool:
+    if any(word.startswith(prefix) for prefix in refused.words):
+        return True
+    if word.startswith("--"):
+        name = word.split("=", 1)[0]
+        return len(name) > 2 and any(option.startswith(name) for option in refused.long)
+    if word.startswith("-") and len(word) > 1:
+        return any(letter in refused.short for letter in word[1:])
+    return False
+
+
+# -- confinement to the workspace -----------------------------------------------------------
+
+
+def _path_candidates(word: str) -> list[str]:
+    """What in `word` a program could take for a path: the word, an option's `=value`,
+    or, in a short option, whatever follows its letter (`-f../x`, `-O/etc/x`)."""
+    if word.startswith("--"):
+        _, eq, value = word.partition("=")
+        return [value] if eq else []
+    if word.startswith("-") and len(word) > 1:
+        _, eq, value = word.partition("=")
+        return [word[k:] for k in range(2, len(word))] + ([value] if eq else [])
+    return [word]
+
+
+# Past this, a short option's attached value is not searched for paths: the word is refused.
+_MAX_OPTION_WORD = 256
+
+
+def _leaves(candidate: str, root: Path | None, cwd: Path | None) -> bool:
+    """Whether `candidate`, taken as a path from `cwd`, names something outside `root`
+    (after `..` and symbolic links). Without a root: any absolute or climbing path."""
+    if not candidate:
+        return False
+    if root is None or cwd is None:
+        return os.path.isabs(candidate) or ".." in Path(candidate).parts
+    try:
+        resolved = Path(os.path.realpath(os.path.join(cwd, candidate)))
+    except (OSError, ValueError):  # a link loop, an over-long name
+        return True
+    return not resolved.is_relative_to(root)
+
+
+def _git_stays_inside(root: Path, cwd: Path) -> bool:
+    """Whether the repository git finds from `cwd` (looking no higher than `root`, see
+    GIT_CEILING_DIRECTORIES) keeps its files inside `root`. A `.git` file (worktrees,
+    submodules), a `commondir` file or an alternates file may point anywhere, and git
+    would show what it finds there."""
+    here = cwd
+    while not os.path.lexists(here / ".git"):
+        if here == root or here.parent == here:
+            return True  # no repository inside: git finds none and says so
+        here = here.parent
+    dot_git = here / ".git"
+    git_dir = _linked_dir(dot_git, here, root) if dot_git.is_file() else dot_git
+    if git_dir is None or not Path(os.path.realpath(git_dir)).is_relative_to(root):
+        return False
+    common = git_dir / "commondir"
+    objects_of = _linked_dir(common, git_dir, root, prefix="") if common.is_file() else git_dir
+    return objects_of is not None and not os.path.lexists(objects_of / "objects" / "info" / "alternates")
+
+
+def _linked_dir(pointer: Path, base: Path, root: Path, *, prefix: str = "gitdir:") -> Path | None:
+    """The folder a `.git` (`gitdir: <path>`) or `commondir` (`<path>`) file names, if it
+    is inside `root`; else None."""
+    try:
+        text = pointer.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    if not text.startswith(prefix):
+        return None
+    target = Path(os.path.realpath(base / text[len(prefix) :].strip()))
+    return target if target.is_relative_to(root) else None
+
+
+def _read_only_pipeline(command: object, root: Path | None, cwd: Path | None) -> list[list[str]] | None:
+    segments = _lexically_read_only(command)
+    if segments is None:
+        return None
+    runs_git = any(words[0] == "git" for words in segments)
+    if runs_git and root is not None and cwd is not None and not _git_stays_inside(root, cwd):
+        return None
+    for words in segments:
+        for word in words[1:]:
+            if word.startswith("-") and not word.startswith("--") and len(word) > _MAX_OPTION_WORD:
+                return None
+            if any(_leaves(candidate, root, cwd) for candidate in _path_candidates(word)):
+                return None
+    return segments
+
+
+def _lexically_read_only(command: object) -> list[list[str]] | None:
+    """The argvs of `command` if it is a pipeline of allowed programs with harmless
+    options, whatever paths it names; else None."""
+    if not isinstance(command, str) or not command.strip():
+        return None
+    segments = _split_pipeline(command)
+    if segments is None or not all(_segment_is_read_only(words) for words in segments):
+        return None
+    return segments
+
+
+def is_read_only_command(
+    command: object,
+    *,
+    workspace: str | os.PathLike[str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> bool:
+    """True only for a command that surely writes nothing and reads only the workspace.
+
+    It must be plain words (letters, digits and `_-./,:=+@%^`, `~` inside a word, or quoted
+    so that bash takes them literally: '...', or "..." without $ ` \\ !), with `|` between
+    commands and nothing else of the shell: no expansion of any kind, no redirection, no
+    other operator, no assignment, no newline. Each command must be an allowed program (cat,
+    head, tail, wc, pwd, echo, cut, tr, stat, ls, du, grep, rg, sort, find, and git
+    status/log/diff/show) without an option that writes, runs another program or follows
+    links (find -exec/-ok/-delete/-fprint*/-fls/-L, rg --pre, sort -o, git --output, ...,
+    long options with every abbreviation). No argument may name a path outside
+    `workspace` (from `cwd`, a folder inside it or relative to it; after `..` and
+    symbolic links), nor may an option's attached value, nor may git's repository lie
+    outside (a `.git` file or link, `commondir` or alternates pointing out). Without a
+    workspace, any absolute path or `..` is outside. When in doubt: False.
+    """
+    root = Path(os.path.realpath(workspace)) if workspace is not None else None
+    here = None
+    if root is not None:
+        here = Path(os.path.realpath(os.path.join(root, cwd))) if cwd is not None else root
+    return _read_only_pipeline(command, root, here) is not None
+
+
+# -- git without the programs a repository's config names ----------------------------------
+#
 # A git command that runs without confirmation must not run programs named in the
 # repository's own config (.git/config, which a command or a download could have written
 # before): core.fsmonitor runs on `git status`, filter drivers whenever git hashes a
@@ -65,8 +320,8 @@ _GIT_WRITING_OPTIONS = frozenset({"--output", "--ext-diff", "--textconv"})
 # - every `filter.<driver>.*` and `diff.<driver>.*` program named in the config of the
 #   folder the command runs in, emptied the same way (a driver's name is arbitrary, so
 #   they are read from `git config --list` first; that command runs none of them);
-# - `--no-ext-diff --no-textconv` after diff/log/show, through a shell function named
-#   git: `diff.external` has no value that turns it off.
+# - `--no-ext-diff --no-textconv` after diff/log/show (the checked argv is what runs, so
+#   they go into it): `diff.external` has no value that turns it off.
 # safe.bareRepository=explicit stops git from taking a folder of plain files that looks
 # like a bare repository (HEAD, config, objects/, refs/) for one. The file tools refuse
 # to write inside `.git` folders (`Workspace.check_writable`), so planting config there
@@ -85,116 +340,72 @@ _SAFE_GIT_CONFIG: tuple[tuple[str, str], ...] = (
 _GIT_DRIVER_PROGRAM = re.compile(
     r"(filter|diff|merge)\..+\.(clean|smudge|process|textconv|command|driver)"
 )
-_SAFE_GIT_FUNCTION = (
-    'git() { case "$1" in status) command git "$@" ;; '
-    '*) __tp_sub=$1; shift; command git "$__tp_sub" --no-ext-diff --no-textconv "$@" ;; esac; }'
-)
 _GIT_CONFIG_TIMEOUT = 10.0
-# Expansions that run a command even inside double quotes; newlines separate commands.
-_RAW_FORBIDDEN = ("`", "$(", "\n", "\r", "<(", ">(")
 
 
-def is_read_only_command(command: object) -> bool:
-    """True only for a command that surely writes nothing.
-
-    A pipeline (`|`) of allow-listed programs (ls, cat, head, tail, wc, grep, rg, find,
-    pwd, echo, git status/log/diff/show) with no option that writes or runs another
-    program. Any other shell operator (`>`, `>>`, `;`, `&`, `&&`, `||`, `<`, `(`, `)`),
-    command substitution (`$(...)`, backticks), an environment assignment or a newline
-    makes it not read-only. When in doubt: False.
-    """
-    segments = _read_only_segments(command)
-    return segments is not None
+# -- the tool -------------------------------------------------------------------------------
 
 
-def _runs_git(command: str) -> bool:
-    """Whether `command` is read-only (so runs without confirmation) and runs git."""
-    segments = _read_only_segments(command)
-    return segments is not None and any(words[0] == "git" for words in segments)
+@attrs.frozen
+class ShellStatistics:
+    """How `run_command` runs commands: in `sandbox` or not, whether read-only commands
+    run without confirmation, and whether approved commands get the network."""
+
+    sandbox: SandboxStatus
+    auto_approval: bool
+    command_network: bool
 
 
-def _read_only_segments(command: object) -> list[list[str]] | None:
-    """The words of each command of a read-only pipeline; None if it is not read-only."""
-    if not isinstance(command, str) or not command.strip():
-        return None
-    if any(bad in command for bad in _RAW_FORBIDDEN):
-        return None
-    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
-    lexer.whitespace_split = True
-    # shlex starts a comment at any `#`, the shell only at the start of a word: with
-    # shlex's rule `ls a#; rm x` would hide `; rm x`. Reading `#` as a plain character
-    # instead only ever shows more of the line than the shell runs, never less.
-    lexer.commenters = ""
-    try:
-        tokens = list(lexer)
-    except ValueError:  # an unclosed quote
-        return None
-    segments: list[list[str]] = [[]]
-    for token in tokens:
-        if token == "|":
-            segments.append([])
-        elif token and all(ch in "();<>|&" for ch in token):
-            return None  # any other operator
-        else:
-            segments[-1].append(token)
-    if not all(_segment_is_read_only(words) for words in segments):
-        return None
-    return segments
-
-
-def _segment_is_read_only(words: list[str]) -> bool:
-    if not words:
-        return False  # `| x`, `x |`
-    program, rest = words[0], words[1:]
-    if program == "git":
-        if not rest or rest[0] not in _READ_ONLY_GIT:
-            return False  # includes options before the subcommand (-c, -C, --exec-path)
-        return not any(_is_git_writing_option(w) for w in rest[1:])
-    forbidden = _READ_ONLY_PROGRAMS.get(program)
-    if forbidden is None:
-        return False
-    return not any(_option_name(w) in forbidden for w in rest)
-
-
-def _is_git_writing_option(word: str) -> bool:
-    name = _option_name(word)
-    if not name.startswith("--") or len(name) < 3:
-        return False
-    return any(option.startswith(name) for option in _GIT_WRITING_OPTIONS)
-
-
-def _option_name(word: str) -> str:
-    return word.split("=", 1)[0] if word.startswith("--") else word
-
-
-def shell_tools(workspace: Workspace) -> list[Tool]:
-    """The shell tool bound to `workspace`."""
-    return ShellTools(workspace).tools()
+def shell_tools(workspace: Workspace, *, sandbox: bool = True, command_network: bool = False) -> list[Tool]:
+    """The shell tool bound to `workspace` (see ShellTools)."""
+    return ShellTools(workspace, sandbox=sandbox, command_network=command_network).tools()
 
 
 class ShellTools:
-    """`run_command` bound to one workspace. `max_output_bytes` bounds each of stdout and
-    stderr (half kept from the start, half from the end)."""
+    """`run_command` bound to one workspace.
 
-    def __init__(self, workspace: Workspace, *, max_output_bytes: int = 32 * 1024) -> None:
+    `sandbox=True` runs every command in bubblewrap (`bwrap`, from PATH or the path
+    given as `bwrap`); when it is missing or cannot start, every command needs
+    confirmation and approved commands run unsandboxed. `sandbox=False` runs without it
+    and lets the classifier alone approve read-only commands: only for hosts that are a
+    sandbox already. `command_network=True` gives approved commands the network
+    (read-only commands never get it). `sandbox_read_only_paths` are further host folders
+    commands may read (a toolchain outside the system folders). `max_output_bytes` bounds
+    each of stdout and stderr (half kept from the start, half from the end).
+    """
+
+    def __init__(
+        self,
+        workspace: Workspace,
+        *,
+        max_output_bytes: int = 32 * 1024,
+        sandbox: bool = True,
+        command_network: bool = False,
+        bwrap: str | None = None,
+        sandbox_read_only_paths: Sequence[str | os.PathLike[str]] = (),
+    ) -> None:
         self.ws = workspace
         self.max_output_bytes = max_output_bytes
         # bash when there is one: models write bash; /bin/sh otherwise.
-        self.shell = shutil.which("bash") or "/bin/sh"
+        self.shell = shutil.which("bash", path=_SYSTEM_PATH) or "/bin/sh"
+        self.command_network = command_network
+        self.sandbox_read_only_paths = [os.fspath(p) for p in sandbox_read_only_paths]
+        self.sandbox = (
+            command_sandbox(bwrap) if sandbox else SandboxStatus(False, None, "turned off (sandbox=False)")
+        )
+        self.auto_approval = self.sandbox.active or not sandbox
+
+    def statistics(self) -> ShellStatistics:
+        return ShellStatistics(self.sandbox, self.auto_approval, self.command_network)
 
     def tools(self) -> list[Tool]:
         return [
             Tool(
                 name="run_command",
-                description=(
-                    "Run a shell command in the workspace (or `cwd` inside it) and return its "
-                    "exit code, stdout and stderr. stdin is closed; the command is killed "
-                    f"after `timeout` seconds (default {DEFAULT_TIMEOUT:g}, at most "
-                    f"{MAX_TIMEOUT:g}). Commands that may change anything need confirmation."
-                ),
+                description=self._description(),
                 handler=self.run_command,
                 parameters=_RUN_COMMAND_SCHEMA,
-                confirm=_needs_confirmation,
+                confirm=self.needs_confirmation,
                 # Past our own kill timeout, so the command's own limit is the one that acts.
                 timeout=MAX_TIMEOUT + 30,
                 # A read-only command still reads files: any file write invalidates it.
@@ -202,6 +413,45 @@ class ShellTools:
                 writes=_command_writes,
             )
         ]
+
+    def _description(self) -> str:
+        text = (
+            "Run a shell command in the workspace (or `cwd` inside it) and return its "
+            "exit code, stdout and stderr. stdin is closed; the command is killed "
+            f"after `timeout` seconds (default {DEFAULT_TIMEOUT:g}, at most {MAX_TIMEOUT:g}). "
+        )
+        if self.sandbox.active:
+            network = "with" if self.command_network else "without"
+            text += (
+                "It runs in a sandbox: the system read-only, no home folders, nothing outside "
+                f"the workspace writable, {network} network. "
+            )
+        else:
+            # Fixed words, not the reason itself (paths, versions): the description is part
+            # of the registry's fingerprint, which recordings carry.
+            why = "turned off" if self.auto_approval else "bwrap is missing or cannot start"
+            text += f"It runs without a sandbox ({why}). "
+        if self.auto_approval:
+            text += (
+                "Read-only commands run without confirmation: plain words and quotes, no $, "
+                "globs, braces, ~ or redirections, only `|` between cat, head, tail, wc, pwd, "
+                "echo, cut, tr, stat, ls, du, grep, rg, sort, find, git status/log/diff/show, "
+                "and no path outside the workspace. Every other command needs confirmation."
+            )
+        else:
+            text += "Every command needs confirmation."
+        return text
+
+    def needs_confirmation(self, args: Mapping[str, Any]) -> bool:
+        """False only for a read-only command (see is_read_only_command) when read-only
+        commands may run unconfirmed (a working sandbox, or `sandbox=False`)."""
+        if not self.auto_approval:
+            return True
+        try:
+            cwd = self.ws.resolve(args.get("cwd") or ".")
+        except ToolError:
+            return True
+        return _read_only_pipeline(args.get("command"), self.ws.root, cwd) is None
 
     async def run_command(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
         command: str = args["command"]
@@ -221,12 +471,18 @@ class ShellTools:
         env["GIT_OPTIONAL_LOCKS"] = "0"  # a read-only `git status` then leaves .git alone
         env["GIT_TERMINAL_PROMPT"] = "0"
         env.setdefault("PAGER", "cat")
-        script = command
-        with trio.move_on_after(timeout) as deadline:
-            if _runs_git(command):  # runs without confirmation: see _SAFE_GIT_CONFIG
-                env = await _safe_git_env(env, cwd)
-                script = _SAFE_GIT_FUNCTION + "\n" + command
-            exit_code, abandoned = await self._run(script, cwd, env, stdout, stderr)
+        # Whatever the gate said, a line the lexer accepts runs as its checked argvs: an
+        # allowed program then never writes, and never gets the network or the shell.
+        segments = _lexically_read_only(command)
+        with anyio.move_on_after(timeout) as deadline:
+            if segments is not None:
+                stages, env = await self._read_only_stages(segments, cwd, env)
+            else:
+                if not os.access(self.shell, os.X_OK):
+                    raise ToolError(f"cannot start the command with {self.shell!r}", retryable=False)
+                shell = [self.shell, "-c", command]
+                stages = [self._confine(shell, cwd, writable=True, network=self.command_network)]
+            exit_code, abandoned = await _run_stages(stages, cwd, env, stdout, stderr)
         if deadline.cancelled_caught:
             raise ToolError(
                 f"command timed out after {timeout:g} s and was killed\n"
@@ -234,68 +490,112 @@ class ShellTools:
             )
         return _render(exit_code, stdout, stderr, abandoned=abandoned)
 
-    async def _run(
-        self,
-        command: str,
-        cwd: os.PathLike[str],
-        env: Mapping[str, str],
-        stdout: _HeadTail,
-        stderr: _HeadTail,
-    ) -> tuple[int | None, bool]:
-        """Run `command` to its exit; return (exit code, whether output was abandoned)."""
-        exited = trio.Event()
-        readers_done = trio.Event()
-        options: dict[str, Any] = {}
-        if os.name == "posix":
-            options = {"start_new_session": True, "deliver_cancel": _kill_process_group}
+    async def _read_only_stages(
+        self, segments: list[list[str]], cwd: Path, env: dict[str, str]
+    ) -> tuple[list[list[str]], dict[str, str]]:
+        """The argv of each stage of a read-only pipeline, and the environment it runs in."""
+        for name in _UNSAFE_ENVIRONMENT:
+            env.pop(name, None)
+        # What the programs start in turn (rg's decompressors, git's helpers) comes from
+        # the system folders too, and git does not look for a repository above the
+        # workspace (whose files it would show from outside).
+        env["PATH"] = _SYSTEM_PATH
+        env["GIT_CEILING_DIRECTORIES"] = os.fspath(self.ws.root.parent)
+        if any(words[0] == "git" for words in segments):  # see _SAFE_GIT_CONFIG
+            env = await _safe_git_env(env, cwd)
+        stages = []
+        for words in segments:
+            program = shutil.which(words[0], path=_SYSTEM_PATH)
+            if program is None:
+                raise ToolError(f"cannot start the command: {words[0]!r} is not installed", retryable=False)
+            argv = [program, *words[1:]]
+            if words[0] == "git" and words[1] != "status":
+                argv[2:2] = ["--no-ext-diff", "--no-textconv"]
+            stages.append(self._confine(argv, cwd, writable=False, network=False))
+        return stages, env
 
-        async def run_and_mark(*, task_status: trio.TaskStatus[trio.Process]) -> None:
-            try:
-                await trio.run_process(
-                    command,
-                    shell=True,
-                    executable=self.shell,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    cwd=cwd,
-                    env=env,
-                    check=False,
-                    task_status=task_status,
-                    **options,
-                )
-            finally:
-                exited.set()
+    def _confine(self, argv: list[str], cwd: Path, *, writable: bool, network: bool) -> list[str]:
+        if not self.sandbox.active or self.sandbox.program is None:
+            return argv
+        return bwrap_argv(
+            self.sandbox.program,
+            argv,
+            workspace=self.ws.root,
+            cwd=cwd,
+            writable=writable,
+            network=network,
+            read_only_paths=self.sandbox_read_only_paths,
+        )
 
-        async def read_both(process: trio.Process) -> None:
-            assert process.stdout is not None and process.stderr is not None
-            async with trio.open_nursery() as readers:
-                readers.start_soon(_drain, process.stdout, stdout)
-                readers.start_soon(_drain, process.stderr, stderr)
-            readers_done.set()
 
-        abandoned = False
+async def _run_stages(
+    stages: list[list[str]], cwd: Path, env: Mapping[str, str], stdout: _HeadTail, stderr: _HeadTail
+) -> tuple[int | None, bool]:
+    """Run a pipeline of argvs (each one's stdout into the next one's stdin) to its end;
+    return (the last one's exit code, whether output was abandoned). Each stage leads its
+    own process group, killed whole if the call is cancelled."""
+    processes: list[anyio.abc.Process] = []
+    pipes = [os.pipe() for _ in stages[1:]]
+    try:
         try:
-            async with trio.open_nursery() as nursery:
-                process: trio.Process = await nursery.start(run_and_mark)
-                nursery.start_soon(read_both, process)
-                await exited.wait()
-                with trio.move_on_after(_PIPE_GRACE):
-                    await readers_done.wait()
-                if not readers_done.is_set():
-                    # A background child still holds the pipes open: stop reading.
-                    abandoned = True
-                    nursery.cancel_scope.cancel()
-        except ExceptionGroup as group:
-            # The nursery wraps a failure to start (no shell, cwd gone) in a group.
-            failed, rest = group.split(OSError)
-            if failed is None or rest is not None:
-                raise
-            cause = _first_leaf(failed)
-            raise ToolError(
-                f"cannot start the command with {self.shell!r}: {cause}", retryable=False
-            ) from cause
-        return process.returncode, abandoned
+            for index, argv in enumerate(stages):
+                processes.append(
+                    await anyio.open_process(
+                        argv,
+                        stdin=pipes[index - 1][0] if index else subprocess.DEVNULL,
+                        stdout=pipes[index][1] if index < len(pipes) else subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        cwd=cwd,
+                        env=env,
+                        start_new_session=True,
+                    )
+                )
+        except OSError as exc:
+            raise ToolError(f"cannot start the command {argv[0]!r}: {exc}", retryable=False) from exc
+        finally:
+            for read_end, write_end in pipes:  # the stages hold their own copies
+                os.close(read_end)
+                os.close(write_end)
+        return await _collect(processes, stdout, stderr)
+    except BaseException:
+        # Cancelled (the timeout) or failed: nothing the command started may outlive it.
+        for process in processes:
+            _kill_process_group(process)
+        raise
+    finally:
+        # Close our ends of the pipes and reap every stage, even when cancelled.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_REAP_TIMEOUT):
+            for process in processes:
+                await process.aclose()
+
+
+async def _collect(
+    processes: list[anyio.abc.Process], stdout: _HeadTail, stderr: _HeadTail
+) -> tuple[int | None, bool]:
+    readers_done = anyio.Event()
+
+    async def read_all() -> None:
+        async with anyio.create_task_group() as readers:
+            last = processes[-1].stdout
+            assert last is not None
+            readers.start_soon(_drain, last, stdout)
+            for process in processes:
+                assert process.stderr is not None
+                readers.start_soon(_drain, process.stderr, stderr)
+        readers_done.set()
+
+    abandoned = False
+    async with anyio.create_task_group() as group:
+        group.start_soon(read_all)
+        for process in processes:
+            await process.wait()
+        with anyio.move_on_after(_PIPE_GRACE):
+            await readers_done.wait()
+        if not readers_done.is_set():
+            # A background child still holds the pipes open: stop reading.
+            abandoned = True
+            group.cancel_scope.cancel()
+    return processes[-1].returncode, abandoned
 
 
 async def _safe_git_env(env: Mapping[str, str], cwd: os.PathLike[str]) -> dict[str, str]:
@@ -303,20 +603,19 @@ async def _safe_git_env(env: Mapping[str, str], cwd: os.PathLike[str]) -> dict[s
     the repository `cwd` is in."""
     overrides = list(_SAFE_GIT_CONFIG)
     safe = _with_git_config(env, overrides)
+    git = shutil.which("git", path=_SYSTEM_PATH)
+    if git is None:
+        return safe  # no git: the command fails on its own, and runs nothing from a config
     try:
-        with trio.fail_after(_GIT_CONFIG_TIMEOUT):
-            listing = await trio.run_process(
-                ["git", "config", "-z", "--name-only", "--list"],
+        with anyio.fail_after(_GIT_CONFIG_TIMEOUT):
+            listing = await anyio.run_process(
+                [git, "config", "-z", "--name-only", "--list"],
                 cwd=cwd,
                 env=safe,
                 stdin=subprocess.DEVNULL,
-                capture_stdout=True,
-                capture_stderr=True,
                 check=False,
             )
-    except FileNotFoundError:
-        return safe  # no git: the command fails on its own, and runs nothing from a config
-    except trio.TooSlowError:
+    except TimeoutError:
         raise ToolError("reading the git configuration timed out", retryable=True) from None
     if listing.returncode != 0:
         reason = listing.stderr.decode("utf-8", errors="replace").strip()
@@ -343,23 +642,20 @@ def _with_git_config(env: Mapping[str, str], settings: list[tuple[str, str]]) ->
     return out
 
 
-def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
-    first = group.exceptions[0]
-    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
-
-
-async def _kill_process_group(process: trio.Process) -> None:
-    """Kill the command and everything it started (it leads its own process group)."""
+def _kill_process_group(process: anyio.abc.Process) -> None:
+    """Kill a stage and everything it started (it leads its own process group)."""
+    if process.returncode is not None:
+        return
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
 
 
-async def _drain(stream: trio.abc.ReceiveStream, sink: _HeadTail) -> None:
-    async with stream:
-        while chunk := await stream.receive_some(65536):
-            sink.add(chunk)
+async def _drain(stream: anyio.abc.ByteReceiveStream, sink: _HeadTail) -> None:
+    async for chunk in stream:
+        sink.add(chunk)
 
 
 class _HeadTail:
@@ -405,13 +701,10 @@ def _render(exit_code: int | None, stdout: _HeadTail, stderr: _HeadTail, *, aban
     return "\n".join(lines)
 
 
-def _needs_confirmation(args: Mapping[str, Any]) -> bool:
-    return not is_read_only_command(args.get("command"))
-
-
 def _command_writes(args: Mapping[str, Any]) -> set[str]:
-    # Unknown effects on every file, unless the command is surely read-only.
-    return set() if is_read_only_command(args.get("command")) else {"file:/"}
+    # Unknown effects on every file, unless the line runs as the argvs of allowed programs
+    # with harmless options (whatever paths they name, they only read).
+    return set() if _lexically_read_only(args.get("command")) is not None else {"file:/"}
 
 
 def _reads_any_file(args: Mapping[str, Any]) -> set[str]:

@@ -7,12 +7,13 @@ from typing import Any
 
 import anyio
 import pytest
-import trio  # noqa: F401  # run_command still runs processes through trio: trio only, for now
 
 import builtin_tools
 from builtin_tools import GROUPS, core_tool_names, default_registry
 from dispatcher import Allow, Deny, Dispatcher, DispatchInterrupted, Status, Tool, ToolCall
 from dispatcher._exceptions import ToolDefinitionError
+
+from ._system import require_program
 
 ALL_TOOLS = [
     "read_files", "find_files", "edit_file", "remove_file", "restore_file", "file_history",
@@ -59,8 +60,8 @@ def test_workspace_must_be_an_existing_folder(tmp_path: Path) -> None:
 def test_public_names() -> None:
     """The package exports exactly its documented names."""
     assert sorted(builtin_tools.__all__) == [
-        "GROUPS", "Workspace", "all_tools", "core_tool_names", "default_registry",
-        "is_read_only_command",
+        "GROUPS", "SandboxStatus", "Workspace", "all_tools", "command_sandbox", "core_tool_names",
+        "default_registry", "is_read_only_command",
     ]  # fmt: skip
 
 
@@ -120,6 +121,7 @@ async def test_repeated_reads_are_deduped_until_a_write(ws: Path) -> None:
 
 async def test_only_commands_that_may_write_reach_the_gate(ws: Path) -> None:
     """The gate is asked about `rm`, not about `ls`; its refusal stops the command."""
+    require_program("bwrap", package="bubblewrap")  # without a sandbox, `ls` is gated too
     asked: list[str] = []
 
     def gate(call: ToolCall, ctx: Any) -> Allow | Deny:

@@ -10,16 +10,20 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import anyio
+import hypothesis
+import hypothesis.strategies
 import pytest
-import trio
 
 from builtin_tools import default_registry
 from builtin_tools._workspace import Workspace
 from builtin_tools.shell import ShellTools, is_read_only_command
+from builtin_tools.shell import _split_pipeline as split_pipeline
 from dispatcher import Allow, Deny, Dispatcher, Status, ToolCall
 from dispatcher._exceptions import ToolError
 
 from ._fakes import tool_context
+from ._system import require_program
 
 
 @pytest.fixture
@@ -29,9 +33,13 @@ def ws(tmp_path: Path) -> Path:
     return root.resolve()
 
 
+# Unsandboxed: for the behaviour of processes themselves, seen from the host.
+_BARE = {"sandbox": False}
+
+
 async def _run(ws: Path, command: str, **extra: Any) -> str:
     tools = ShellTools(Workspace(ws), **extra.pop("options", {}))
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         return await tools.run_command({"command": command, **extra}, tool_context("run_command"))
 
 
@@ -64,15 +72,27 @@ async def test_run_command_has_no_stdin(ws: Path) -> None:
 
 async def test_run_command_timeout_kills_the_whole_group(ws: Path) -> None:
     """Past its timeout the command and its children are killed and the call fails."""
-    start = trio.current_time()
+    start = anyio.current_time()
     with pytest.raises(ToolError, match=r"timed out after 0\.5 s") as info:
-        await _run(ws, "sleep 30 & echo $! > child.pid; echo partial; wait", timeout=0.5)
-    assert trio.current_time() - start < 5
+        await _run(ws, "sleep 30 & echo $! > child.pid; echo partial; wait", timeout=0.5, options=_BARE)
+    assert anyio.current_time() - start < 5
     assert "partial" in info.value.message
     child = int((ws / "child.pid").read_text())
-    with trio.fail_after(5):
-        while _alive(child):  # noqa: ASYNC110 - another process: nothing to wait on but polling
-            await trio.sleep(0.05)
+    with anyio.fail_after(5):
+        while _alive(child):  # noqa: ASYNC110  # polling another process, no event to wait on
+            await anyio.sleep(0.05)
+
+
+async def test_a_sandboxed_command_past_its_timeout_leaves_nothing_running(ws: Path) -> None:
+    """In the sandbox too, a command past its timeout is killed with all it started."""
+    require_program("bwrap", package="bubblewrap")
+    marker = "31.4159"
+    with pytest.raises(ToolError, match=r"timed out after 0\.5 s") as info:
+        await _run(ws, f"sleep {marker} & echo partial; wait", timeout=0.5)
+    assert "partial" in info.value.message
+    with anyio.fail_after(5):
+        while _running_with_argument(marker):  # noqa: ASYNC110  # polling the process table
+            await anyio.sleep(0.05)
 
 
 async def test_run_command_output_is_bounded_head_and_tail(ws: Path) -> None:
@@ -85,24 +105,38 @@ async def test_run_command_output_is_bounded_head_and_tail(ws: Path) -> None:
 
 
 async def test_run_command_does_not_wait_for_background_children(ws: Path) -> None:
-    """A background child holding the output open does not keep the call waiting."""
-    start = trio.current_time()
+    """Unsandboxed, a background child holding the output open does not keep the call
+    waiting."""
+    start = anyio.current_time()
     try:
-        out = await _run(ws, "sleep 20 & echo $! > bg.pid; echo started")
+        out = await _run(ws, "sleep 20 & echo $! > bg.pid; echo started", options=_BARE)
     finally:
         if (ws / "bg.pid").exists():
             _kill(int((ws / "bg.pid").read_text()))
-    assert trio.current_time() - start < 5
+    assert anyio.current_time() - start < 5
     assert "started" in out
     assert "stopped reading" in out
+
+
+async def test_a_sandboxed_command_takes_its_background_children_with_it(ws: Path) -> None:
+    """In the sandbox, what a command left running in the background ends when it exits."""
+    require_program("bwrap", package="bubblewrap")
+    marker = "27.1828"
+    start = anyio.current_time()
+    out = await _run(ws, f"sleep {marker} & echo started")
+    assert anyio.current_time() - start < 5
+    assert "started" in out
+    with anyio.fail_after(5):
+        while _running_with_argument(marker):  # noqa: ASYNC110  # polling the process table
+            await anyio.sleep(0.05)
 
 
 async def test_run_command_reports_a_shell_that_cannot_start(ws: Path) -> None:
     """A missing shell is a plain, non-retryable ToolError, not an exception group."""
     tools = ShellTools(Workspace(ws))
     tools.shell = str(ws / "no-such-shell")
-    with trio.fail_after(10), pytest.raises(ToolError, match="cannot start the command") as info:
-        await tools.run_command({"command": "echo hi"}, tool_context("run_command"))
+    with anyio.fail_after(10), pytest.raises(ToolError, match="cannot start the command") as info:
+        await tools.run_command({"command": "echo hi > out.txt"}, tool_context("run_command"))
     assert info.value.retryable is False
 
 
@@ -117,70 +151,353 @@ async def test_run_command_reports_a_bad_timeout(ws: Path) -> None:
     [
         "ls -la",
         "cat a.txt | grep -n foo | head -5",
-        "wc -l *.py",
         "rg 'a;b' src",
         "find . -name '*.py' -type f",
         "git status --short",
         "git log --oneline -5",
         "git diff HEAD~1",
         "echo 'quoted > not a redirect'",
+        'echo "double quoted | not a pipe" a\'b\'"c"',
         "tail -n 20 log.txt",
         "pwd",
         "grep -n '#include' main.c",
         "git diff --output-indicator-new=+",
+        "git log -- a.txt",
+        "sort -n -k2,2 data.csv | cut -d, -f1|head",
+        "echo ''",
+        "grep -e '$HOME' -e '{a,b}' -e '*' a.txt",
     ],
 )
 def test_read_only_commands(command: str) -> None:
-    """Allow-listed programs with harmless arguments are read-only."""
+    """Allow-listed programs with harmless plain or literally quoted arguments are read-only."""
     assert is_read_only_command(command) is True
+
+
+# Each line is a way to make bash run something other than what a reader of the words
+# sees, to write, to run another program, or to read outside: none may run unconfirmed.
+BYPASSES = [
+    # the reported ones
+    "find . -maxdepth 0 -ex${X}ec sh -c 'id > /tmp/p' {} +",
+    "find . -de${X}lete",
+    "find . $'-delete'",
+    "find . {-delete,}",
+    "git diff --out${X}put=/tmp/x",
+    "find . -fls${X} /tmp/x",
+    "find .. *",
+    "cat ../outside.txt",
+    "cat /etc/shadow",
+    # quotes that bash removes: the program still sees the option
+    "find . '-delete'",
+    'find . "-de"\'lete\'',
+    "find . -ex'ec' rm {} ';'",
+    "git diff --out\"put\"=x",
+    "git diff '--output=x'",
+    "'sed' -i s/a/b/ a.txt",
+    # parameter expansion, ANSI-C and locale quoting, IFS
+    "cat ${HOME}/.ssh/id_rsa",
+    "cat $HOME",
+    "echo $'\\x41'",
+    'echo $"x"',
+    'echo "$X"',
+    'echo "${X}"',
+    "cat${IFS}a.txt",
+    "IFS=, cat a.txt",
+    "X=1 ls",
+    # command substitution, arithmetic, process substitution
+    "echo $(id)",
+    'echo "$(id)"',
+    "echo `id`",
+    'echo "`id`"',
+    "echo $((1+1))",
+    "cat <(id)",
+    # braces, globs, tilde
+    "echo {a,b}",
+    "find . -{delete,name} x",
+    "ls *.py",
+    "wc -l *.py",
+    "ls ?",
+    "ls [ab]",
+    "ls a*",
+    "cat ~/x",
+    "ls ~",
+    "cat ~root/.bashrc",
+    "grep x --file=~/x",
+    "grep x a:~/x",
+    # escapes, history, comments
+    "find . \\-delete",
+    "find . -del\\ete",
+    'echo "\\$x"',
+    "echo !!",
+    'echo "!x"',
+    "ls # ; touch X",
+    "ls a#; touch X",
+    # operators, redirections, newlines
+    "ls > listing.txt",
+    "echo hi >> log.txt",
+    "ls 2>&1",
+    "cat < input",
+    "ls; rm x",
+    "ls && rm x",
+    "ls || rm x",
+    "ls & rm x",
+    "ls |& cat",
+    "ls |",
+    "| ls",
+    "(ls)",
+    "ls\nrm x",
+    "ls\rrm x",
+    "echo 'a\nb'",
+    "echo 'unclosed",
+    "",
+    "   ",
+    # find's actions and link-following
+    "find . -exec rm {} ;",
+    "find . -execdir rm {} +",
+    "find . -ok rm {} ;",
+    "find . -okdir rm {} ;",
+    "find . -delete",
+    "find . -fprint x",
+    "find . -fprint0 x",
+    "find . -fprintf x %p",
+    "find . -fls x",
+    "find -L .",
+    "find . -follow",
+    # git: writing options with every abbreviation, programs, options before the subcommand
+    *[
+        f"git {sub} {option}"
+        for sub in ("diff", "log", "show")
+        for option in (
+            "--out=x", "--outp=x", "--outpu=x", "--output=x", "--output x", "--outp x", "--o=x",
+        )
+    ],
+    "git diff --ext-diff",
+    "git diff --ext-d",
+    "git show --textconv",
+    "git show --textc",
+    "git -c core.pager=sh status",
+    "git -C .. status",
+    "git --exec-path=. status",
+    "git commit -m x",
+    "git grep x",
+    "git",
+    # rg, grep, ls running programs or following links
+    "rg --pre ./x pattern",
+    "rg --pre=./x pattern",
+    "rg --pre-glob '*' --pre ./x pattern",
+    "rg --hostname-bin=./x pattern",
+    "rg -L pattern",
+    "rg --follow pattern",
+    "grep -R x .",
+    "grep -rR x .",
+    "grep --dereference-recursive x .",
+    "ls -L",
+    "ls -laL",
+    # sort writing files or running a compressor
+    "sort -o x a.txt",
+    "sort -no x a.txt",
+    "sort --output=x a.txt",
+    "sort --out x a.txt",
+    "sort --compress-program=./x a.txt",
+    "sort -T . a.txt",
+    # programs that run other programs or write: never allow-listed
+    "sed -i s/a/b/ a.txt",
+    "sed --in-place s/a/b/ a.txt",
+    "sed -n 1p a.txt",
+    "sed 'w out' a.txt",
+    "awk '{print}' a.txt",
+    "awk 'BEGIN{system(\"id\")}'",
+    "xargs rm",
+    "ls | xargs rm",
+    "env",
+    "env rm x",
+    "nice ls",
+    "timeout 1 ls",
+    "tee x",
+    "ls | tee x",
+    "python -c 'print(1)'",
+    "rm -rf build",
+    "./ls",
+    "/bin/ls",
+    "command ls",
+    "exec ls",
+    "grep -" + "x" * 300 + " a.txt",
+    "cat a.txt\t| tee x",
+    "cat 'a.txt\x00'",
+    "cat \u00e9",
+]
+
+
+@pytest.mark.parametrize("command", BYPASSES)
+def test_commands_that_are_not_read_only(command: str) -> None:
+    """Anything that may expand, write, run another program or read outside is not
+    read-only."""
+    assert is_read_only_command(command) is False
+
+
+@pytest.mark.parametrize("command", BYPASSES)
+def test_every_bypass_needs_confirmation(ws: Path, command: str) -> None:
+    """run_command asks the gate before any of the bypasses runs, with a sandbox or not."""
+    for sandbox in (True, False):
+        tools = ShellTools(Workspace(ws), sandbox=sandbox)
+        assert tools.needs_confirmation({"command": command}) is True
+
+
+@pytest.fixture
+def outside_and_in(tmp_path: Path, ws: Path) -> Path:
+    """A workspace with a.txt, sub/, a link inside, and links and a secret outside."""
+    (tmp_path / "outside.txt").write_text("secret\n")
+    (ws / "a.txt").write_text("a\n")
+    (ws / "sub").mkdir()
+    (ws / "sub" / "b.txt").write_text("b\n")
+    (ws / "inner").symlink_to(ws / "a.txt")
+    (ws / "leak").symlink_to(tmp_path / "outside.txt")
+    (ws / "up").symlink_to(tmp_path)
+    return ws
+
+
+@pytest.mark.parametrize(
+    ("command", "cwd"),
+    [
+        ("cat ../outside.txt", None),
+        ("cat sub/../../outside.txt", None),
+        ("cat ../../outside.txt", "sub"),
+        ("cat leak", None),
+        ("cat up/outside.txt", None),
+        ("cat ../leak", "sub"),
+        ("cat /etc/passwd", None),
+        ("ls /", None),
+        ("ls ..", None),
+        ("grep -r secret ..", None),
+        ("grep -f../outside.txt a.txt", None),
+        ("grep -fleak a.txt", None),
+        ("grep --file=../outside.txt a.txt", None),
+        ("rg --ignore-file=/etc/passwd x", None),
+        ("find .. -name outside.txt", None),
+        ("find . -newer ../outside.txt", None),
+        ("git diff --no-index /etc/hostname a.txt", None),
+        ("cat a.txt | grep -f ../outside.txt", None),
+        ("echo /", None),
+    ],
+)
+def test_a_path_outside_the_workspace_needs_confirmation(
+    outside_and_in: Path, command: str, cwd: str | None
+) -> None:
+    """A read-only command naming a path outside the workspace (after `..` and links,
+    attached to an option or not) is not read-only."""
+    tools = ShellTools(Workspace(outside_and_in), sandbox=False)
+    here = outside_and_in / (cwd or ".")
+    assert is_read_only_command(command, workspace="/", cwd=here) is True  # only the path
+    assert is_read_only_command(command, workspace=outside_and_in, cwd=cwd) is False
+    assert tools.needs_confirmation({"command": command, "cwd": cwd}) is True
+
+
+@pytest.mark.parametrize(
+    ("command", "cwd"),
+    [
+        ("cat a.txt", None),
+        ("cat ./a.txt sub/b.txt", None),
+        ("cat sub/../a.txt", None),
+        ("cat ../a.txt", "sub"),
+        ("cat inner", None),
+        (f"cat {'{ws}'}/a.txt", None),
+        ("grep -f a.txt a.txt", None),
+        ("find . -name '*/b.txt'", None),
+        ("ls", "sub"),
+    ],
+)
+def test_paths_inside_the_workspace_stay_read_only(
+    outside_and_in: Path, command: str, cwd: str | None
+) -> None:
+    """Paths that stay inside the workspace, even through `..`, a link or an absolute
+    path, keep a command read-only."""
+    command = command.replace("{ws}", str(outside_and_in))
+    tools = ShellTools(Workspace(outside_and_in), sandbox=False)
+    assert tools.needs_confirmation({"command": command, "cwd": cwd}) is False
+
+
+async def test_a_read_only_command_runs_as_the_words_it_was_checked_as(ws: Path) -> None:
+    """The checked argv is the argv that runs: quotes are joined as bash joins them, and
+    nothing in a quoted word is expanded, by a shell or otherwise."""
+    (ws / "a.txt").write_text("one\ntwo\nthree\n")
+    (ws / "x.py").write_text("")
+    tools = ShellTools(Workspace(ws), sandbox=False)
+    command = "echo 'a  b' \"c | d\" e'f'\"g\" '$HOME' '*' '{x,y}' HEAD~1"
+    assert tools.needs_confirmation({"command": command}) is False
+    out = await _run(ws, command, options=_BARE)
+    assert out.splitlines()[2] == "a  b c | d efg $HOME * {x,y} HEAD~1"
+    piped = await _run(ws, "cat a.txt | grep -n t | tail -1", options=_BARE)
+    assert piped.splitlines()[:3] == ["exit code: 0", "stdout:", "3:three"]
+    found = await _run(ws, "find . -name '*.py'", options=_BARE)
+    assert found.splitlines()[2] == "./x.py"
+
+
+async def test_a_read_only_command_looks_programs_up_outside_the_workspace(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A program the workspace offers on PATH is not the one an auto-approved command runs."""
+    (ws / "bin").mkdir()
+    fake = ws / "bin" / "ls"
+    fake.write_text(f"#!/bin/sh\ntouch {ws}/ran\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{ws / 'bin'}:.:{os.environ['PATH']}")
+    out = await _run(ws, "ls", options=_BARE)
+    assert "bin" in out and not (ws / "ran").exists()
 
 
 @pytest.mark.parametrize(
     "command",
     [
-        "rm -rf build",
-        "ls > listing.txt",
-        "echo hi >> log.txt",
-        "cat a | tee b",
-        "ls; rm x",
-        "ls && rm x",
-        "ls || rm x",
-        "ls & rm x",
-        "echo $(rm x)",
-        'echo "$(rm x)"',
-        "echo `rm x`",
-        "find . -delete",
-        "find . -exec rm {} ;",
-        "rg --pre=./script pattern",
-        "git commit -m x",
-        "git -c core.pager=sh status",
-        "git diff --output=patch.txt",
-        "git diff --outp=patch.txt",
-        "git log --outpu patch.txt -1",
-        "git diff --ext-d",
-        "git show --textc",
-        "FOO=1 ls",
-        "ls\nrm x",
-        "cat < input",
-        "(rm x)",
-        "ls |",
-        "echo 'unclosed",
-        "",
-        "python -c 'print(1)'",
-        "ls a#; touch X",
-        "echo x#&&touch P",
-        "ls a#|touch P",
-        "ls # ; touch X",
+        "find . -maxdepth 0 -ex${X}ec sh -c 'touch pwned' {} +",
+        "find . -de${X}lete",
+        "find . $'-delete'",
+        "find . {-delete,}",
+        "find . -fls${X} listing",
+        "git diff --out${X}put=patch",
+        "find . *",
     ],
 )
-def test_commands_that_are_not_read_only(command: str) -> None:
-    """Anything that may write, run another program or is unclear is not read-only."""
-    assert is_read_only_command(command) is False
+async def test_a_refused_bypass_runs_nothing(ws: Path, command: str) -> None:
+    """Through the dispatcher each reported bypass reaches the gate, and refused, it
+    deletes and writes nothing (not even with a file named `-delete` for a glob)."""
+    (ws / "keep.txt").write_text("k")
+    (ws / "-delete").write_text("")
+    asked: list[str] = []
+
+    def gate(call: ToolCall, ctx: Any) -> Deny:
+        asked.append(str(dict(call.arguments)["command"]))
+        return Deny("no")
+
+    dispatcher = Dispatcher(default_registry(ws, include=["run_command"]), gate=gate)
+    with anyio.fail_after(10):
+        result = await dispatcher.invoke("run_command", {"command": command})
+    assert asked == [command]
+    assert result.status is Status.denied
+    assert sorted(os.listdir(ws)) == ["-delete", "keep.txt"]
+
+
+async def test_a_command_that_cannot_run_fails_alone(ws: Path) -> None:
+    """A refused command is that call's `failed` result; the calls beside it still run."""
+    (ws / "a.txt").write_text("hello\n")
+    session = Dispatcher(default_registry(ws, include=["run_command"], sandbox=False)).session(
+        "s1", mode="direct"
+    )
+    session.load_tools(["run_command"])
+    calls = [
+        ToolCall(id="c1", name="run_command", arguments={"command": "cat a.txt", "cwd": ".."}),
+        ToolCall(id="c2", name="run_command", arguments={"command": "cat a.txt"}),
+        ToolCall(id="c3", name="run_command", arguments={"command": "cat a.txt", "cwd": "a.txt"}),
+    ]
+    with anyio.fail_after(10):
+        results = await session.dispatch(calls)
+    assert [r.status for r in results] == [Status.failed, Status.ok, Status.failed]
+    assert "outside the workspace" in results[0].content
+    assert "hello" in results[1].content
 
 
 def test_run_command_flags_follow_the_read_only_test(ws: Path) -> None:
     """Read-only commands need no confirmation and write nothing; others are confirmed and
     write unknown files."""
+    require_program("bwrap", package="bubblewrap")
     tool = default_registry(ws, include=["run_command"]).get("run_command")
     assert tool.concurrent is False and tool.deferred is True
     assert callable(tool.confirm) and tool.writes is not None and tool.reads is not None
@@ -203,7 +520,7 @@ async def test_a_hash_inside_a_word_hides_nothing_from_the_gate(ws: Path, comman
         return Deny("no")
 
     dispatcher = Dispatcher(default_registry(ws, include=["run_command"]), gate=gate)
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         result = await dispatcher.invoke("run_command", {"command": command})
     assert asked == [command]
     assert result.status is Status.denied
@@ -246,31 +563,37 @@ def _hostile_repository(ws: Path, outside: Path) -> None:
 
 
 @_needs_git
-async def test_read_only_git_runs_nothing_the_repository_config_names(ws: Path, tmp_path: Path) -> None:
-    """git status/diff/log/show run without confirmation, so they run none of the programs
-    the repository's config names, and still show the change."""
+@pytest.mark.parametrize("sandbox", [False, True], ids=["unsandboxed", "sandboxed"])
+async def test_read_only_git_runs_nothing_the_repository_config_names(
+    ws: Path, tmp_path: Path, sandbox: bool
+) -> None:
+    """Unconfirmed git status/diff/log/show run none of the programs the repository's
+    config names, sandboxed or not, and still show the change."""
+    if sandbox:
+        require_program("bwrap", package="bubblewrap")
     outside = tmp_path / "outside"
     _hostile_repository(ws, outside)
     commands = ["git status", "git status -v", "git diff", "git log -p", "git show", "git diff HEAD"]
     assert all(is_read_only_command(c) for c in commands)
-    outputs = {c: await _run(ws, c) for c in commands}
+    outputs = {c: await _run(ws, c, options={"sandbox": sandbox}) for c in commands}
     assert sorted(p.name for p in outside.iterdir()) == ["payload.sh"]
     assert "modified:   f.txt" in outputs["git status"]
     assert "-a\n+b" in outputs["git diff"] and "-a\n+b" in outputs["git diff HEAD"]
     assert "first" in outputs["git log -p"]
     # The same config does run its programs when git is run as written.
-    with trio.fail_after(10):
-        await trio.run_process(["git", "diff"], cwd=ws, capture_stdout=True, check=False)
+    with anyio.fail_after(10):
+        await anyio.run_process(["git", "diff"], cwd=ws, check=False)
     assert any(p.name.startswith("ran-") for p in outside.iterdir())
 
 
 @_needs_git
 async def test_git_that_needed_confirmation_runs_as_written(ws: Path, tmp_path: Path) -> None:
-    """A command the gate approved gets no forced git settings: the user chose to run it."""
+    """A command the gate approved gets no forced git settings: the user chose to run it
+    (unsandboxed here, so the program outside the workspace is there to run)."""
     outside = tmp_path / "outside"
     _hostile_repository(ws, outside)
     assert not is_read_only_command("git diff; true")
-    await _run(ws, "git diff; true")
+    await _run(ws, "git diff; true", options=_BARE)
     assert any(p.name.startswith("ran-") for p in outside.iterdir())
 
 
@@ -296,6 +619,104 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _running_with_argument(argument: str) -> bool:
+    """Whether any live process on the host has `argument` among its arguments."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argument.encode() in words and _alive(int(entry.name)):
+            return True
+    return False
+
+
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+
+
+@_needs_git
+async def test_read_only_git_does_not_look_above_the_workspace(tmp_path: Path) -> None:
+    """A workspace inside a bigger repository: read-only git does not show that repository's
+    files or history from outside the workspace."""
+    _git(tmp_path, "init", "-q", ".")
+    (tmp_path / "secret.txt").write_text("outside\n")
+    _git(tmp_path, "add", "secret.txt")
+    _git(tmp_path, "commit", "-q", "-m", "outside history")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    out = await _run(ws, "git log", options=_BARE)
+    assert "outside history" not in out and "not a git repository" in out
+
+
+_PIECES = [
+    "a", "b.txt", "-x", "--opt=v", "HEAD~1", "~", "=", ":", "a=", "a:", ".", "..", "/",
+    "'q w'", '"d q"', "''", '""', "'$X'", '"$X"', "'*'", '"a\'b"', "'a\"b'", "$X", "${X}",
+    "$'x'", '$"x"', "{a,b}", "*", "?", "[a]", "\\", "\\n", "#", "!", "!!", "%", "^", "@", "+",
+    ",", " ", " ", "\t", ";", "&", ">", "<", "(", ")", "`x`",
+]  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(hypothesis.strategies.lists(hypothesis.strategies.sampled_from(_PIECES), max_size=8))
+def test_the_lexer_reads_every_line_it_accepts_as_bash_does(pieces: list[str]) -> None:
+    """Every line the strict lexer accepts means to bash exactly the words the lexer read:
+    bash would expand nothing in it."""
+    line = "".join(pieces)
+    segments = split_pipeline(line)
+    hypothesis.assume(segments is not None and len(segments) == 1)
+    assert segments is not None
+    done = subprocess.run(
+        ["bash", "--norc", "--noprofile", "-c", "printf '%s\\0' " + line],
+        capture_output=True, cwd="/", env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"},
+        check=True, timeout=10,
+    )  # fmt: skip
+    words = done.stdout.decode().split("\0")[:-1]
+    assert words == segments[0]
+
+
+def _repository_shaped(folder: Path) -> Path:
+    """A folder laid out like a .git folder (enough for the check; git need not run)."""
+    (folder / "objects" / "info").mkdir(parents=True)
+    (folder / "HEAD").write_text("ref: refs/heads/main\n")
+    return folder
+
+
+@pytest.mark.parametrize("layout", ["gitdir-outside", "link-outside", "commondir-outside", "alternates"])
+def test_read_only_git_needs_confirmation_when_the_repository_lies_outside(
+    ws: Path, tmp_path: Path, layout: str
+) -> None:
+    """git reads whatever repository a `.git` file, link, commondir or alternates names:
+    one outside the workspace makes read-only git need confirmation."""
+    outside = _repository_shaped(tmp_path / "elsewhere.git")
+    if layout == "gitdir-outside":
+        (ws / ".git").write_text(f"gitdir: {outside}\n")
+    elif layout == "link-outside":
+        (ws / ".git").symlink_to(outside)
+    elif layout == "commondir-outside":
+        inner = _repository_shaped(ws / ".git")
+        (inner / "commondir").write_text(f"{outside}\n")
+    else:
+        inner = _repository_shaped(ws / ".git")
+        (inner / "objects" / "info" / "alternates").write_text(f"{outside}/objects\n")
+    (ws / "sub").mkdir()
+    tools = ShellTools(Workspace(ws), sandbox=False)
+    assert tools.needs_confirmation({"command": "git log", "cwd": "sub"}) is True
+    assert tools.needs_confirmation({"command": "git status"}) is True
+    assert tools.needs_confirmation({"command": "cat a.txt"}) is False
+
+
+def test_read_only_git_in_a_submodule_inside_stays_read_only(ws: Path) -> None:
+    """A `.git` file pointing inside the workspace (a submodule's) keeps git read-only."""
+    _repository_shaped(ws / ".git")
+    modules = _repository_shaped(ws / ".git" / "modules" / "lib")
+    (ws / "lib").mkdir()
+    (ws / "lib" / ".git").write_text("gitdir: ../.git/modules/lib\n")
+    tools = ShellTools(Workspace(ws), sandbox=False)
+    assert modules.is_dir()
+    assert tools.needs_confirmation({"command": "git status", "cwd": "lib"}) is False
+    assert tools.needs_confirmation({"command": "git log"}) is False
