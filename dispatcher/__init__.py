@@ -16,6 +16,8 @@ from ._exceptions import (
 from ._policy import CachePolicy
 from ._recording import Divergence, ReplayReport, replay
 from ._registry import Registry, Tool
+from ._scripted import ScriptedRunner
+from ._seams import CacheEntry, CacheStatistics, CacheWrite, ResultCache, ToolRunner
 from ._session import Session, SessionStatistics
 from ._types import (
     Allow,
@@ -32,7 +34,10 @@ from ._types import (
 
 __all__ = [
     "Allow",
+    "CacheEntry",
     "CachePolicy",
+    "CacheStatistics",
+    "CacheWrite",
     "Deny",
     "DispatchInterrupted",
     "Dispatcher",
@@ -42,6 +47,8 @@ __all__ = [
     "Interrupt",
     "Registry",
     "ReplayReport",
+    "ResultCache",
+    "ScriptedRunner",
     "Session",
     "SessionStatistics",
     "Status",
@@ -53,6 +60,7 @@ __all__ = [
     "ToolError",
     "ToolResult",
     "ToolResultEvent",
+    "ToolRunner",
     "UnknownTool",
     "default_limit",
     "replay",

@@ -19,7 +19,7 @@ from ._history import DEFAULT_HISTORY_LIMIT
 from ._plan import DEFAULT_MAX_ARGUMENT_BYTES
 from ._registry import Registry
 from ._results import DEFAULT_MAX_OUTPUT_BYTES
-from ._seams import ResultCache
+from ._seams import ResultCache, ToolRunner
 from ._session import Session
 from ._types import Allow, Deny, ToolCall, ToolResult
 
@@ -50,7 +50,8 @@ class Dispatcher:
 
     `cache` is the result store (None: no result cache). `max_concurrent` bounds the calls
     running at once across every session (default: half the cores, at least 3). `gate` is
-    asked about calls that need confirmation; without one, every call runs.
+    asked about calls that need confirmation; without one, every call runs. `runner`
+    answers calls instead of their handlers (a `ScriptedRunner`, for tests and dry runs).
 
     A Dispatcher belongs to the event loop that first dispatches through it (trio or
     asyncio): using it from another loop or thread raises RuntimeError. Make one per
@@ -67,6 +68,7 @@ class Dispatcher:
         rewriters: Sequence[Rewriter] = (),
         hooks: Sequence[Any] = (),
         on_result: Callable[..., Any] | None = None,
+        runner: ToolRunner | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
@@ -85,6 +87,7 @@ class Dispatcher:
         self.rewriters = tuple(rewriters)
         self.hook_set = HookSet.of(hooks)
         self.on_result = on_result
+        self.runner = runner
         self.timeout = timeout
         self.max_argument_bytes = max_argument_bytes
         self.max_output_bytes = max_output_bytes

@@ -42,8 +42,10 @@ __all__ = ["Executor", "HookSet", "RunControl", "ToolRunner"]
 
 log = logging.getLogger("threepass.execute")
 
-ToolRunner = Callable[[PlannedCall, ToolContext], Awaitable[ToolResult]]
-"""Stands in for running the handler (offline replay serves recorded results through it)."""
+ToolRunner = Callable[[PlannedCall, ToolContext], Awaitable[Any]]
+"""Stands in for running the handler: returns what a handler would, or a whole ToolResult
+(offline replay serves recorded results through one; `Dispatcher(runner=...)` wraps a
+public `dispatcher.ToolRunner`)."""
 
 
 @attrs.frozen
@@ -415,9 +417,10 @@ class Executor:
                     value = await self._start(planned, ctx, args, borrower)
                 if scope.cancelled_caught:
                     return self._timed_out(planned, timeout, started, t0)
-            if self._runner is not None:
-                served: ToolResult = value
-                return served
+            if isinstance(value, ToolResult) and self._runner is not None:
+                if value.call_id == planned.call_id and value.name == planned.name:
+                    return value
+                return attrs.evolve(value, call_id=planned.call_id, name=planned.name)
             content = normalize_output(value, self._max_out)
             duration = time.monotonic() - t0
             return ToolResult(

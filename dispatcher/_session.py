@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -28,6 +28,7 @@ from ._providers import tool_entry
 from ._registry import Tool
 from ._results import describe, shown
 from ._seams import CacheEntry
+from ._seams import ToolRunner as PublicRunner
 from ._types import (
     Allow,
     Decision,
@@ -56,6 +57,15 @@ _INSIDE: contextvars.ContextVar[frozenset[Session]] = contextvars.ContextVar(
     "threepass_inside_sessions", default=frozenset()
 )
 """The sessions whose batch the current task is part of (a handler runs inside its batch)."""
+
+
+def _public_runner(runner: PublicRunner) -> ToolRunner:
+    """A `dispatcher.ToolRunner` (call, ctx) as pass 2's runner (planned call, ctx)."""
+
+    def run(planned: PlannedCall, ctx: ToolContext) -> Awaitable[Any]:
+        return runner(planned.call, ctx)
+
+    return run
 
 
 @attrs.frozen
@@ -277,6 +287,8 @@ class Session:
         planner.resolve(drafts, found)
         gate_decisions = await self._gate(planner, drafts, decisions, gate or d.gate)
         plan = planner.finish(drafts)
+        if runner is None and d.runner is not None:
+            runner = _public_runner(d.runner)
         executor = Executor(
             limiter=d.limiter,
             thread_limiter=bound.thread_limiter,

@@ -36,7 +36,10 @@ def test_public_names_are_exactly_the_surface() -> None:
     """dispatcher.__all__ is exactly the public surface of DESIGN.md plus the named extras."""
     assert set(dispatcher.__all__) == {
         "Allow",
+        "CacheEntry",
         "CachePolicy",
+        "CacheStatistics",
+        "CacheWrite",
         "Deny",
         "DispatchInterrupted",
         "Dispatcher",
@@ -46,6 +49,8 @@ def test_public_names_are_exactly_the_surface() -> None:
         "Interrupt",
         "Registry",
         "ReplayReport",
+        "ResultCache",
+        "ScriptedRunner",
         "Session",
         "SessionStatistics",
         "Status",
@@ -57,6 +62,7 @@ def test_public_names_are_exactly_the_surface() -> None:
         "ToolError",
         "ToolResult",
         "ToolResultEvent",
+        "ToolRunner",
         "UnknownTool",
         "default_limit",
         "replay",
