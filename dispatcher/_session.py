@@ -27,6 +27,7 @@ from ._plan import FIND_TOOLS, RUN_TOOL, Draft, Plan, PlannedCall, Planner, Plan
 from ._providers import tool_entry
 from ._registry import Tool
 from ._results import describe, shown
+from ._rewrite import rewrite
 from ._seams import CacheEntry
 from ._seams import ToolRunner as PublicRunner
 from ._types import (
@@ -37,7 +38,6 @@ from ._types import (
     Interrupt,
     Provider,
     ToolCall,
-    ToolCallDispatchEvent,
     ToolContext,
     ToolResult,
     ToolResultEvent,
@@ -281,7 +281,15 @@ class Session:
         )
         drafts = planner.parse(calls)
         if d.rewriters:
-            await self._rewrite(planner, drafts)
+            await rewrite(
+                planner,
+                drafts,
+                d.rewriters,
+                state=self.state,
+                session_id=self.id,
+                run_id=self._run_id,
+                round=self._round,
+            )
         wanted = planner.lookups(drafts)
         found: Mapping[str, CacheEntry] = await self._look_up(wanted) if wanted else {}
         planner.resolve(drafts, found)
@@ -400,68 +408,6 @@ class Session:
                     all_loaded=all_loaded,
                 )
             )
-
-    async def _rewrite(self, planner: Planner, drafts: list[Draft]) -> None:
-        """Symfonic's chain: registration order, None passes, a malformed return or a raise is
-        dropped with a warning, a target outside the palette drops the rewrite, call ids stay."""
-        palette = planner.palette()
-        for draft in drafts:
-            if draft.step != "parsed" or draft.args is None:
-                continue
-            name, args = draft.name, draft.args
-            for fn in self.dispatcher.rewriters:
-                event = ToolCallDispatchEvent(
-                    session_id=self.id,
-                    run_id=self._run_id,
-                    round=self._round,
-                    call_id=draft.call_id,
-                    tool_name=name,
-                    args=args,
-                    available_tools=palette,
-                )
-                try:
-                    ret = await _maybe_await(fn(event, self.state))
-                except Exception:
-                    log.warning(
-                        "rewriter %s raised on call %s; skipped", shown(fn), draft.call_id, exc_info=True
-                    )
-                    continue
-                if ret is None:
-                    continue
-                if not isinstance(ret, Mapping) or "tool_name" not in ret or "args" not in ret:
-                    log.warning(
-                        "rewriter %s returned %s, not {'tool_name', 'args'}; dropped", shown(fn), shown(ret)
-                    )
-                    continue
-                if not isinstance(ret["tool_name"], str) or not isinstance(ret["args"], Mapping):
-                    log.warning(
-                        "rewriter %s returned tool_name/args of the wrong types: %s; dropped",
-                        shown(fn),
-                        shown(ret),
-                    )
-                    continue
-                if "call_id" in ret:
-                    log.warning(
-                        "rewriter %s tried to change call_id of %s; call_id kept", shown(fn), draft.call_id
-                    )
-                try:
-                    name, args = ret["tool_name"], dict(ret["args"])
-                except Exception:
-                    log.warning(
-                        "rewriter %s returned args that cannot be read; dropped", shown(fn), exc_info=True
-                    )
-                    continue
-            if (name, args) == (draft.name, draft.args):
-                continue
-            if name not in palette or name == RUN_TOOL:
-                # run_tool is unwrapped before rewriters speak: a rewrite to it would run its stub
-                log.warning(
-                    "rewrite of call %s to %r dropped: not a tool a call can be rewritten to",
-                    draft.call_id,
-                    name,
-                )
-                continue
-            planner.apply_rewrite(draft, name, args)
 
     async def _gate(
         self,

@@ -767,7 +767,7 @@ async def test_a_rewrite_to_run_tool_or_with_unreadable_args_is_dropped(caplog: 
 
 async def test_no_rewriters_no_event_built(monkeypatch: Any) -> None:
     """Without rewriters, no ToolCallDispatchEvent is ever constructed."""
-    import dispatcher._session as session_module
+    import dispatcher._rewrite as session_module
 
     built: list[Any] = []
 
