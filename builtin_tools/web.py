@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import httpx
 import trio
 import xxhash
@@ -31,7 +32,7 @@ from dispatcher._registry import Tool
 from dispatcher._types import ToolContext
 
 from ._html import html_to_text
-from ._workspace import Workspace, staging_path
+from ._workspace import Workspace
 
 __all__ = ["DOWNLOAD_TIMEOUT", "SEARCH_URL_ENV", "WebTools", "resource_url", "web_tools"]
 
@@ -274,8 +275,8 @@ class WebTools:
         if target.is_dir():
             raise ToolError(f"{rel!r} is a folder; give a file path", retryable=False)
         self.ws.check_writable(target)  # before anything is staged beside it
-        await trio.Path(target.parent).mkdir(parents=True, exist_ok=True)
-        staged = staging_path(target)
+        # Created race-free in the target's folder (made if missing), which it holds open.
+        staged = await anyio.to_thread.run_sync(self.ws.stage, target)
         digest = xxhash.xxh3_128()
         size = 0
         installed = False
@@ -292,7 +293,7 @@ class WebTools:
                 if declared.isdigit() and int(declared) > self.max_download_bytes:
                     raise _too_large(url, self.max_download_bytes)
                 async with (
-                    await trio.open_file(staged, "xb") as out,
+                    anyio.wrap_file(staged.file) as out,
                     _body_chunks(response) as chunks,
                 ):
                     async for chunk in chunks:
@@ -318,8 +319,8 @@ class WebTools:
             installed = True
         finally:
             if not installed:
-                with trio.CancelScope(shield=True):
-                    await trio.Path(staged).unlink(missing_ok=True)
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(staged.discard)
         return f"saved {size} bytes ({content_type}) from {final_url} to {rel}"
 
     # -- internals ---------------------------------------------------------------
