@@ -158,6 +158,89 @@ def test_inner_dotdot_and_absolute_paths_inside_are_fine(ws: Path, tools: FileTo
     assert "bee" in _call(tools, "read_files", paths=[str(ws / "b.txt")])
 
 
+def test_symlinks_inside_the_workspace_are_followed(ws: Path, tools: FileTools) -> None:
+    """A relative or absolute symlink that stays inside is read and edited through: the
+    edit lands in the file it points to."""
+    (ws / "real").mkdir()
+    (ws / "real/f.txt").write_text("one\n")
+    (ws / "alias").symlink_to("real")
+    (ws / "sub").mkdir()
+    (ws / "sub/back").symlink_to("../real/f.txt")
+    (ws / "abs").symlink_to(ws / "real")
+    assert "one" in _call(tools, "read_files", paths=["alias/f.txt", "sub/back", "abs/f.txt"])
+    _call(tools, "edit_file", path="sub/back", old_string="one", new_string="two")
+    assert (ws / "real/f.txt").read_text() == "two\n" and (ws / "sub/back").is_symlink()
+
+
+def test_a_folder_swapped_for_a_symlink_after_the_check_is_refused(ws: Path) -> None:
+    """A path checked while `d` was a folder, used after `d` became a symlink to outside, is
+    refused at its use by every operation, naming the link; nothing outside changes."""
+    outside = ws.parent / "outside"
+    outside.mkdir()
+    (outside / "f.txt").write_text("outside")
+    (ws / "d").mkdir()
+    (ws / "d/f.txt").write_text("inside")
+    workspace = Workspace(ws)
+    target = workspace.resolve("d/f.txt")
+    (ws / "d/f.txt").unlink()
+    (ws / "d").rmdir()
+    (ws / "d").symlink_to(outside)
+    message = r"path 'd/f\.txt' leaves the workspace through the symlink 'd'"
+    with pytest.raises(ToolError, match=message) as info:
+        workspace.open_read(target)
+    assert info.value.retryable is False
+    for change in (
+        lambda: workspace.write(target, b"x", action="edit"),
+        lambda: workspace.remove(target),
+        lambda: workspace.stage(target),
+    ):
+        with pytest.raises(ToolError, match=message):
+            change()
+    assert os.listdir(outside) == ["f.txt"] and (outside / "f.txt").read_text() == "outside"
+
+
+def test_a_symlink_swapped_in_is_followed_only_inside_and_never_into_git(ws: Path) -> None:
+    """A link swapped in after the check is followed if it points inside, but a write
+    that it leads into a .git folder is refused, and a loop of links is refused."""
+    (ws / ".git").mkdir()
+    (ws / "other").mkdir()
+    (ws / "d").mkdir()
+    workspace = Workspace(ws)
+    target = workspace.resolve("d/f.txt")
+    (ws / "d").rmdir()
+    (ws / "d").symlink_to("other")
+    workspace.write(target, b"followed", action="create")
+    assert (ws / "other/f.txt").read_bytes() == b"followed"
+    (ws / "d").unlink()
+    (ws / "d").symlink_to(".git")
+    with pytest.raises(ToolError, match=r"'\.git/f\.txt' is inside a \.git folder"):
+        workspace.write(target, b"hook", action="create")
+    (ws / "d").unlink()
+    (ws / "d").symlink_to("d")
+    with pytest.raises(ToolError, match="more than 40 symbolic links"):
+        workspace.write(target, b"loop", action="create")
+    assert os.listdir(ws / ".git") == []
+
+
+def test_a_hardlink_to_an_outside_file_is_read_but_never_written_through(
+    ws: Path, tools: FileTools
+) -> None:
+    """A hardlink inside to a file outside reads as that file; an edit replaces the link
+    with a file of its own (the outside file is unchanged), and restore_file too."""
+    outside = ws.parent / "outside.txt"
+    outside.write_text("shared\n")
+    os.link(outside, ws / "h.txt")
+    assert "shared" in _call(tools, "read_files", paths=["h.txt"])
+    _call(tools, "edit_file", path="h.txt", old_string="shared", new_string="mine")
+    assert (ws / "h.txt").read_text() == "mine\n"
+    assert outside.read_text() == "shared\n" and outside.stat().st_nlink == 1
+    _call(tools, "restore_file", path="h.txt")
+    assert (ws / "h.txt").read_text() == "shared\n"
+    assert (ws / "h.txt").stat().st_ino != outside.stat().st_ino
+    _call(tools, "remove_file", path="h.txt")
+    assert outside.read_text() == "shared\n"
+
+
 # -- find_files -------------------------------------------------------------------------
 
 
