@@ -380,14 +380,15 @@ class Workspace:
             with _os_errors("restore", rel):
                 place = self._find(target)
                 try:
-                    current = None if place is None else self._read(place, None)
+                    current = None
+                    if place is not None and place.stat is not None:
+                        # Another size is another content: no need to read it (it may be huge).
+                        if place.stat.st_size != revision.change.size_after:
+                            raise _changed_since(rel)
+                        current = self._read(place, None)
                     current_digest = None if current is None else content_digest(current.data)
                     if current_digest != revision.after_digest:
-                        raise ToolError(
-                            f"{rel!r} changed by other means since its last change through the "
-                            "file tools; restoring would discard that. Read it and edit it instead",
-                            retryable=False,
-                        )
+                        raise _changed_since(rel)
                     # The file first: if that fails, the version is still kept.
                     if revision.previous is None:
                         if place is not None:
@@ -577,6 +578,14 @@ def _refuse_git(parts: tuple[str, ...]) -> None:
             "which asks for confirmation",
             retryable=False,
         )
+
+
+def _changed_since(rel: str) -> ToolError:
+    return ToolError(
+        f"{rel!r} changed by other means since its last change through the file tools; "
+        "restoring would discard that. Read it and edit it instead",
+        retryable=False,
+    )
 
 
 @contextlib.contextmanager

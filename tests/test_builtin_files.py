@@ -476,10 +476,11 @@ def test_restore_refuses_after_a_change_by_other_means(ws: Path, tools: FileTool
     """A file changed outside the tools since its last edit is not silently overwritten."""
     (ws / "f.txt").write_text("a")
     _call(tools, "edit_file", path="f.txt", old_string="a", new_string="b")
-    (ws / "f.txt").write_text("changed by hand")
-    with pytest.raises(ToolError, match="changed by other means"):
-        _call(tools, "restore_file", path="f.txt")
-    assert (ws / "f.txt").read_text() == "changed by hand"
+    for by_hand in ("changed by hand", "c"):  # another size, then the same size
+        (ws / "f.txt").write_text(by_hand)
+        with pytest.raises(ToolError, match="changed by other means"):
+            _call(tools, "restore_file", path="f.txt")
+        assert (ws / "f.txt").read_text() == by_hand
 
 
 def test_remove_file_refuses_symlinks_folders_and_missing_files(ws: Path, tools: FileTools) -> None:
