@@ -75,6 +75,14 @@ class Root:
         self._parts = _names(path)
         self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
+    def reopen(self) -> int:
+        """A new descriptor of the root folder, for one walk.
+
+        Opened anew rather than duplicated: a duplicate shares the read position, and
+        two folder listings from duplicates in two threads would skip each other's entries.
+        """
+        return os.open(".", _DIR_FLAGS, dir_fd=self.fd)
+
     def close(self) -> None:
         fd, self.fd = self.fd, -1
         if fd >= 0:
@@ -252,7 +260,7 @@ def _walk(root: Root, parts: Sequence[str], *, shown: str, create: bool, last: b
             raise ValueError(f"a walk takes plain names, got {name!r} in {tuple(parts)!r}")
     pending = list(reversed(parts))  # a stack: the next name is on top
     here: list[str] = []  # the real path of `fd` from the root
-    fd = os.dup(root.fd)
+    fd = root.reopen()
     links = 0
     retries = 0
     made: tuple[str, ...] | None = None  # the folder this walk last made
@@ -323,7 +331,7 @@ def _follow(
             f"path {shown!r} leaves the workspace through the symlink {link!r}", retryable=False
         )
     pending.extend(reversed(names))
-    fresh = os.dup(root.fd)
+    fresh = root.reopen()
     os.close(fd)
     return fresh, []
 
