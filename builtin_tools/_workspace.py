@@ -445,14 +445,25 @@ class Workspace:
         return self.root.joinpath(*place.parts)
 
     def _locate(self, target: Path, *, create: bool, follow_last: bool = True) -> _safepath.Place:
-        """Where `target` is now, walked race-free; refused inside a .git folder however
-        the walk got there (a link swapped in may lead into one)."""
+        """Where `target` is now, walked race-free, to change it.
+
+        `target` is resolved (no links in it), so a link met on the way was swapped in
+        since: even one that points inside is refused here, as a change must land on
+        the file its call declared it writes (what it invalidates). The .git rule is
+        checked first on where the walk went.
+        """
+        parts = self._parts(target)
         place = _safepath.locate(
-            self._tree, self._parts(target), shown=self.relative(target), create=create,
-            follow_last=follow_last,
-        )  # fmt: skip
+            self._tree, parts, shown=self.relative(target), create=create, follow_last=follow_last
+        )
         try:
             _refuse_git(place.parts)
+            if place.parts != parts:
+                raise ToolError(
+                    f"{self.relative(target)!r} now leads through a symbolic link to "
+                    f"{'/'.join(place.parts)!r}, not the file this call was checked for; try again",
+                    retryable=True,
+                )
         except BaseException:
             place.close()
             raise

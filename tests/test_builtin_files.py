@@ -199,18 +199,23 @@ def test_a_folder_swapped_for_a_symlink_after_the_check_is_refused(ws: Path) -> 
     assert os.listdir(outside) == ["f.txt"] and (outside / "f.txt").read_text() == "outside"
 
 
-def test_a_symlink_swapped_in_is_followed_only_inside_and_never_into_git(ws: Path) -> None:
-    """A link swapped in after the check is followed if it points inside, but a write
-    that it leads into a .git folder is refused, and a loop of links is refused."""
+def test_a_symlink_swapped_in_is_read_through_but_never_written_through(ws: Path) -> None:
+    """A link swapped in after the check that points inside is read through; a change is
+    refused (it would land on a file the call did not declare), never into .git, and a
+    loop of links is refused."""
     (ws / ".git").mkdir()
     (ws / "other").mkdir()
+    (ws / "other/f.txt").write_text("other")
     (ws / "d").mkdir()
     workspace = Workspace(ws)
     target = workspace.resolve("d/f.txt")
     (ws / "d").rmdir()
     (ws / "d").symlink_to("other")
-    workspace.write(target, b"followed", action="create")
-    assert (ws / "other/f.txt").read_bytes() == b"followed"
+    with workspace.open_read(target) as file:
+        assert file.read() == b"other"
+    with pytest.raises(ToolError, match=r"'d/f\.txt' now leads through a symbolic link to 'other/f\.txt'"):
+        workspace.write(target, b"changed", action="edit")
+    assert (ws / "other/f.txt").read_text() == "other"
     (ws / "d").unlink()
     (ws / "d").symlink_to(".git")
     with pytest.raises(ToolError, match=r"'\.git/f\.txt' is inside a \.git folder"):
@@ -218,7 +223,7 @@ def test_a_symlink_swapped_in_is_followed_only_inside_and_never_into_git(ws: Pat
     (ws / "d").unlink()
     (ws / "d").symlink_to("d")
     with pytest.raises(ToolError, match="more than 40 symbolic links"):
-        workspace.write(target, b"loop", action="create")
+        workspace.open_read(target)
     assert os.listdir(ws / ".git") == []
 
 
