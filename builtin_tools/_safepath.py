@@ -14,8 +14,8 @@ and a write creates a new file `O_EXCL | O_NOFOLLOW` beside the name and renames
 the name, which replaces whatever entry is there (a symbolic link, or a hardlink to a
 file elsewhere) instead of writing through it.
 
-What this cannot see: a folder moved out of the root while a descriptor of it is held
-(that needs write access outside, which the workspace's writers are not given).
+What this cannot see: a folder moved out of the root while a descriptor of it is held.
+That takes write access outside the root, which sandboxed commands are not given.
 
 Nothing here knows about backups, tools or the event loop; nothing from the dispatcher
 but `ToolError` may be imported here.
@@ -60,7 +60,7 @@ _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOE
 
 
 class NotARegularFile(OSError):
-    """The name is a pipe, socket or device (or a symbolic link where none is followed)."""
+    """The name is a pipe, socket or device, which is never opened."""
 
 
 class Root:
@@ -73,6 +73,7 @@ class Root:
     def __init__(self, path: str) -> None:
         self.path = path
         self._parts = _names(path)
+        self.fd = -1  # for __del__, should the open fail
         self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
     def reopen(self) -> int:
