@@ -305,7 +305,7 @@ class WebTools:
                 content_type = response.headers.get("content-type", "unknown")
                 final_url = str(response.url)
             session_id = ctx.session_id
-            await trio.to_thread.run_sync(
+            await anyio.to_thread.run_sync(
                 lambda: self.ws.install(
                     target,
                     staged,
