@@ -159,8 +159,7 @@ def test_inner_dotdot_and_absolute_paths_inside_are_fine(ws: Path, tools: FileTo
 
 
 def test_symlinks_inside_the_workspace_are_followed(ws: Path, tools: FileTools) -> None:
-    """A relative or absolute symlink that stays inside is read and edited through: the
-    edit lands in the file it points to."""
+    """A symlink (relative or absolute) that stays inside is read and edited through."""
     (ws / "real").mkdir()
     (ws / "real/f.txt").write_text("one\n")
     (ws / "alias").symlink_to("real")
@@ -173,8 +172,7 @@ def test_symlinks_inside_the_workspace_are_followed(ws: Path, tools: FileTools) 
 
 
 def test_a_folder_swapped_for_a_symlink_after_the_check_is_refused(ws: Path) -> None:
-    """A path checked while `d` was a folder, used after `d` became a symlink to outside, is
-    refused at its use by every operation, naming the link; nothing outside changes."""
+    """A folder swapped for a symlink to outside after the check is refused at the use, naming the link."""
     outside = ws.parent / "outside"
     outside.mkdir()
     (outside / "f.txt").write_text("outside")
@@ -200,9 +198,7 @@ def test_a_folder_swapped_for_a_symlink_after_the_check_is_refused(ws: Path) -> 
 
 
 def test_a_symlink_swapped_in_is_read_through_but_never_written_through(ws: Path) -> None:
-    """A link swapped in after the check that points inside is read through; a change is
-    refused (it would land on a file the call did not declare), never into .git, and a
-    loop of links is refused."""
+    """A link swapped in after the check is read through if inside, never written through."""
     (ws / ".git").mkdir()
     (ws / "other").mkdir()
     (ws / "other/f.txt").write_text("other")
@@ -230,8 +226,7 @@ def test_a_symlink_swapped_in_is_read_through_but_never_written_through(ws: Path
 def test_a_hardlink_to_an_outside_file_is_read_but_never_written_through(
     ws: Path, tools: FileTools
 ) -> None:
-    """A hardlink inside to a file outside reads as that file; an edit replaces the link
-    with a file of its own (the outside file is unchanged), and restore_file too."""
+    """A hardlink to an outside file reads as that file; edits and restores replace the link."""
     outside = ws.parent / "outside.txt"
     outside.write_text("shared\n")
     os.link(outside, ws / "h.txt")
