@@ -4,11 +4,16 @@ It does two things every file-touching tool relies on:
 
 - confinement: `resolve` turns a path a model wrote into an absolute path inside the
   workspace, or raises `ToolError` naming it (`..`, a symbolic link or an absolute
-  path that leads outside);
+  path that leads outside). That is the check; the use is race-free: every read and
+  write walks the path again from a descriptor of the workspace folder, one name at a
+  time with `O_NOFOLLOW` (`_safepath`), so a folder swapped for a symbolic link after
+  the check is met as the link, and followed only if it points inside. Writes create
+  a new file and rename it over the name: a hardlink to a file elsewhere is replaced,
+  never written through (it is read as the file it is);
 - restorability: every change made through the tools (`edit_file`, `remove_file`,
-  `download_file`, `write_result`) goes through `write` / `remove` / `install`, which
-  keep the previous content in memory so `restore_file` can put it back, and log
-  the change for `file_history`.
+  `download_file`, `write_result`) goes through `update` / `write` / `remove` /
+  `install`, which keep the previous content in memory so `restore_file` can put it
+  back, and log the change for `file_history`.
 
 The backups belong to the workspace object, not to a session: every session of a
 registry sees the same files, so it sees the same history. Methods are thread-safe
@@ -19,20 +24,23 @@ httpx or the dispatcher's passes may be imported here.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
+import stat
 import threading
 import time
-import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import attrs
 import xxhash
 
 from dispatcher._exceptions import ToolError
 
-__all__ = ["Change", "ChangeAction", "Workspace", "content_digest", "staging_path", "unique"]
+from . import _safepath
+
+__all__ = ["Change", "ChangeAction", "Staged", "Workspace", "content_digest", "unique"]
 
 ChangeAction = Literal["create", "edit", "remove", "restore", "download", "write"]
 
@@ -68,6 +76,42 @@ class _Revision:
     after_digest: str | None  # digest of what the change left; None: it removed the file
 
 
+@attrs.frozen
+class _Current:
+    """A file as read before a change: what a revision keeps of it."""
+
+    data: bytes
+    mode: int  # st_mode & 0o7777
+    identity: tuple[int, int]  # (st_dev, st_ino) of the file read
+
+
+@attrs.define
+class Staged:
+    """A download being written beside its target: a new hidden file, in a folder held
+    open. Write to `file`, then hand it to `Workspace.install`, or `discard` it."""
+
+    file: BinaryIO
+    dir_fd: int
+    name: str
+    _done: bool = False
+
+    def discard(self) -> None:
+        """Close and remove the staged file; nothing once installed or discarded."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            self.file.close()
+            _safepath.unlink(self.dir_fd, self.name, missing_ok=True)
+        finally:
+            os.close(self.dir_fd)
+
+    def _installed(self) -> None:
+        # Its name now belongs to the target: only the folder is let go.
+        self._done = True
+        os.close(self.dir_fd)
+
+
 class Workspace:
     """A folder the tools are confined to, with an undo stack per file.
 
@@ -89,6 +133,9 @@ class Workspace:
         if not resolved.is_dir():
             raise NotADirectoryError(f"a workspace must be an existing folder, got {os.fspath(root)!r}")
         self.root = resolved
+        # Held for the workspace's life: every path is walked from it. (Replacing the
+        # root folder itself is its operator's business.)
+        self._tree = _safepath.Root(str(resolved))
         self.max_backup_file_bytes = max_backup_file_bytes
         self.max_backup_bytes = max_backup_bytes
         self.max_revisions_per_file = max_revisions_per_file
@@ -148,13 +195,7 @@ class Workspace:
             parts = target.relative_to(self.root).parts
         except ValueError:
             return  # outside: `resolve` has already refused it
-        if any(part.lower() == ".git" for part in parts):
-            raise ToolError(
-                f"{self.relative(target)!r} is inside a .git folder, which the file tools "
-                "do not change (git runs programs named there); use run_command, "
-                "which asks for confirmation",
-                retryable=False,
-            )
+        _refuse_git(parts)
 
     def relative(self, path: Path) -> str:
         """`path` as shown to a model: relative to the root, '/'-separated ('.' for the root)."""
@@ -164,7 +205,68 @@ class Workspace:
             return str(path)
         return rel.as_posix() if rel.parts else "."
 
+    # -- reading --------------------------------------------------------------
+
+    def open_read(self, target: Path) -> BinaryIO:
+        """The regular file at `target`, open for reading, reached race-free.
+
+        A hardlink is read as the file it is, whatever other names it has. Raises
+        FileNotFoundError, IsADirectoryError, `_safepath.NotARegularFile` (a pipe, socket
+        or device is not opened) or another OSError, and ToolError for a path that leads
+        outside.
+        """
+        fd, _ = _safepath.open_file_read(self._tree, self._parts(target), shown=self.relative(target))
+        return os.fdopen(fd, "rb")
+
+    def open_folder(self, target: Path) -> int:
+        """A descriptor of the folder at `target`, reached race-free; the caller closes it.
+
+        Raises FileNotFoundError or NotADirectoryError, and ToolError for a path that
+        leads outside.
+        """
+        return _safepath.open_dir(self._tree, self._parts(target), shown=self.relative(target))
+
     # -- changes --------------------------------------------------------------
+
+    def update(
+        self,
+        target: Path,
+        change: Callable[[bytes | None], tuple[bytes, ChangeAction]],
+        *,
+        session_id: str | None = None,
+        call_id: str | None = None,
+    ) -> Change:
+        """Replace (or create) the file at `target` with what `change` makes of it, keeping
+        what was there.
+
+        `change` gets the file's content (None: there is no such file) and returns the new
+        content and the action to log, or raises ToolError to change nothing. Reading,
+        deciding and writing are one step, under the lock and in one folder held open:
+        the file replaced is the one `change` saw. Missing folders are made only when
+        there is something to write.
+        """
+        rel = self.relative(target)
+        self.check_writable(target)
+        with self.lock, _os_errors("write", rel):
+            place = self._find(target)
+            try:
+                previous = None if place is None else self._read(place, self.max_backup_file_bytes)
+                content, action = change(None if previous is None else previous.data)
+                if place is None:
+                    place = self._locate(target, create=True)
+                    if place.stat is not None:
+                        raise ToolError(
+                            f"{rel!r} appeared while it was being created; try again", retryable=True
+                        )
+                mode = None if previous is None else previous.mode
+                _safepath.write_atomic(place.dir_fd, place.name, content, mode)
+            finally:
+                if place is not None:
+                    place.close()
+            return self._record(
+                self._real(place), previous, content_digest(content), len(content), action,
+                session_id, call_id,
+            )  # fmt: skip
 
     def write(
         self,
@@ -175,21 +277,35 @@ class Workspace:
         session_id: str | None = None,
         call_id: str | None = None,
     ) -> Change:
-        """Replace (or create) the file at `target` with `content`, keeping what was there."""
+        """Replace (or create) the file at `target` with `content`, keeping what was there.
+
+        A new file gets the usual permissions (0o666 less the umask); a replaced one keeps
+        its own.
+        """
+        return self.update(
+            target, lambda _: (content, action), session_id=session_id, call_id=call_id
+        )
+
+    def stage(self, target: Path) -> Staged:
+        """A new hidden file beside `target` (its folders made) to write a download into,
+        for `install` to move in place."""
+        rel = self.relative(target)
         self.check_writable(target)
-        with self.lock:
-            previous = self._read_for_backup(target)
-            mode = _mode(target)
-            _atomic_write(target, content)
-            return self._record(
-                target, previous, mode, content_digest(content), len(content), action,
-                session_id, call_id,
-            )  # fmt: skip
+        with _os_errors("write", rel):
+            place = self._locate(target, create=True)
+            try:
+                if place.stat is not None and stat.S_ISDIR(place.stat.st_mode):
+                    raise ToolError(f"{rel!r} is a folder, not a file", retryable=False)
+                fd, name = _safepath.create_temp(place.dir_fd)
+            except BaseException:
+                place.close()
+                raise
+        return Staged(os.fdopen(fd, "wb"), place.dir_fd, name)
 
     def install(
         self,
         target: Path,
-        staged: Path,
+        staged: Staged,
         *,
         digest: str,
         size: int,
@@ -197,34 +313,48 @@ class Workspace:
         session_id: str | None = None,
         call_id: str | None = None,
     ) -> Change:
-        """Move the already-written file `staged` (same folder) onto `target`, keeping
-        what was there. `staged` is removed if the move is refused."""
+        """Move the written file `staged` onto `target` (walked again: it is where the path
+        leads now), keeping what was there. `staged` is discarded if the move is refused."""
+        rel = self.relative(target)
         with self.lock:
             try:
                 self.check_writable(target)
-                previous = self._read_for_backup(target)
-                mode = _mode(target)
-                os.replace(staged, target)
+                with _os_errors("write", rel):
+                    staged.file.close()
+                    with self._locate(target, create=True) as place:
+                        previous = self._read(place, self.max_backup_file_bytes)
+                        os.replace(
+                            staged.name, place.name, src_dir_fd=staged.dir_fd, dst_dir_fd=place.dir_fd
+                        )
             except BaseException:
-                staged.unlink(missing_ok=True)
+                staged.discard()
                 raise
+            staged._installed()
             return self._record(
-                target, previous, mode, digest, size, action, session_id, call_id
+                self._real(place), previous, digest, size, action, session_id, call_id
             )
 
     def remove(
         self, target: Path, *, session_id: str | None = None, call_id: str | None = None
     ) -> Change:
         """Delete the regular file at `target`, keeping its content."""
+        rel = self.relative(target)
         self.check_writable(target)
-        with self.lock:
-            previous = self._read_for_backup(target)
-            if previous is None:
-                raise ToolError(f"no such file: {self.relative(target)!r}", retryable=False)
-            mode = _mode(target)
-            target.unlink()
+        with self.lock, _os_errors("remove", rel):
+            place = self._find(target, follow_last=False)
+            if place is None:
+                raise ToolError(f"no such file: {rel!r}", retryable=False)
+            with place:
+                previous = self._read(place, self.max_backup_file_bytes)
+                if previous is None:
+                    raise ToolError(f"no such file: {rel!r}", retryable=False)
+                now = _safepath.stat(place.dir_fd, place.name)
+                if now is None or (now.st_dev, now.st_ino) != previous.identity:
+                    raise ToolError(f"{rel!r} changed while it was being removed; try again",
+                                    retryable=True)  # fmt: skip
+                _safepath.unlink(place.dir_fd, place.name)
             return self._record(
-                target, previous, mode, None, None, "remove", session_id, call_id
+                self._real(place), previous, None, None, "remove", session_id, call_id
             )
 
     def restore(
@@ -247,21 +377,32 @@ class Workspace:
                     retryable=False,
                 )
             revision = stack[-1]
-            current = _read_current(target)
-            current_digest = None if current is None else content_digest(current)
-            if current_digest != revision.after_digest:
-                raise ToolError(
-                    f"{rel!r} changed by other means since its last change through the file "
-                    "tools; restoring would discard that. Read it and edit it instead",
-                    retryable=False,
-                )
-            # The file first: if that fails, the version is still kept.
-            if revision.previous is None:
-                target.unlink(missing_ok=True)
-            else:
-                _atomic_write(target, revision.previous)
-                if revision.previous_mode is not None:
-                    os.chmod(target, revision.previous_mode)
+            with _os_errors("restore", rel):
+                place = self._find(target)
+                try:
+                    current = None
+                    if place is not None and place.stat is not None:
+                        # Another size is another content: no need to read it (it may be huge).
+                        if place.stat.st_size != revision.change.size_after:
+                            raise _changed_since(rel)
+                        current = self._read(place, None)
+                    current_digest = None if current is None else content_digest(current.data)
+                    if current_digest != revision.after_digest:
+                        raise _changed_since(rel)
+                    # The file first: if that fails, the version is still kept.
+                    if revision.previous is None:
+                        if place is not None:
+                            _safepath.unlink(place.dir_fd, place.name, missing_ok=True)
+                    else:
+                        if place is None:
+                            place = self._locate(target, create=True)
+                        _safepath.write_atomic(
+                            place.dir_fd, place.name, revision.previous, revision.previous_mode
+                        )
+                finally:
+                    if place is not None:
+                        place.close()
+            if revision.previous is not None:
                 self._backup_bytes -= len(revision.previous)
             stack.pop()
             if not stack:
@@ -269,7 +410,7 @@ class Workspace:
             change = self._log_change(
                 target,
                 "restore",
-                None if current is None else len(current),
+                None if current is None else len(current.data),
                 None if revision.previous is None else len(revision.previous),
                 session_id,
                 call_id,
@@ -292,40 +433,104 @@ class Workspace:
 
     # -- internals ------------------------------------------------------------
 
-    def _read_for_backup(self, target: Path) -> bytes | None:
-        rel = self.relative(target)
-        if target.is_dir():
-            raise ToolError(f"{rel!r} is a folder, not a file", retryable=False)
-        if not target.exists():
-            return None
-        if not target.is_file():
-            raise ToolError(f"{rel!r} is not a regular file", retryable=False)
-        size = target.stat().st_size
-        if size > self.max_backup_file_bytes:
+    def _parts(self, target: Path) -> tuple[str, ...]:
+        try:
+            return target.relative_to(self.root).parts
+        except ValueError:
             raise ToolError(
-                f"{rel!r} is {size} bytes, over the {self.max_backup_file_bytes}-byte limit "
+                f"path {str(target)!r} is outside the workspace {str(self.root)!r}", retryable=False
+            ) from None
+
+    def _real(self, place: _safepath.Place) -> Path:
+        return self.root.joinpath(*place.parts)
+
+    def _locate(self, target: Path, *, create: bool, follow_last: bool = True) -> _safepath.Place:
+        """Where `target` is now, walked race-free, to change it.
+
+        `target` is resolved (no links in it), so a link met on the way was swapped in
+        since: even one that points inside is refused here, as a change must land on
+        the file its call declared it writes (what it invalidates). The .git rule is
+        checked first on where the walk went.
+        """
+        parts = self._parts(target)
+        place = _safepath.locate(
+            self._tree, parts, shown=self.relative(target), create=create, follow_last=follow_last
+        )
+        try:
+            _refuse_git(place.parts)
+            if place.parts != parts:
+                raise ToolError(
+                    f"{self.relative(target)!r} now leads through a symbolic link to "
+                    f"{'/'.join(place.parts)!r}, not the file this call was checked for; try again",
+                    retryable=True,
+                )
+        except BaseException:
+            place.close()
+            raise
+        return place
+
+    def _find(self, target: Path, *, follow_last: bool = True) -> _safepath.Place | None:
+        """`_locate` without making folders: None if a folder on the way does not exist."""
+        try:
+            return self._locate(target, create=False, follow_last=follow_last)
+        except FileNotFoundError:
+            return None
+
+    def _read(self, place: _safepath.Place, limit: int | None) -> _Current | None:
+        """The regular file at `place` (None: nothing there), at most `limit` bytes."""
+        rel = "/".join(place.parts)
+        entry = place.stat
+        if entry is None:
+            return None
+        if stat.S_ISDIR(entry.st_mode):
+            raise ToolError(f"{rel!r} is a folder, not a file", retryable=False)
+        if stat.S_ISLNK(entry.st_mode):
+            raise ToolError(
+                f"{rel!r} is a symbolic link; the file tools change regular files only",
+                retryable=False,
+            )
+        if not stat.S_ISREG(entry.st_mode):
+            raise ToolError(f"{rel!r} is not a regular file", retryable=False)
+        self._check_size(rel, entry.st_size, limit)
+        try:
+            fd = _safepath.open_regular(place.dir_fd, place.name)
+        except OSError as exc:
+            # A regular file a moment ago: something swapped it since.
+            raise ToolError(
+                f"{rel!r} changed while it was being read; try again", retryable=True
+            ) from exc
+        with os.fdopen(fd, "rb") as file:
+            opened = os.fstat(file.fileno())
+            self._check_size(rel, opened.st_size, limit)
+            data = file.read() if limit is None else file.read(limit + 1)
+        self._check_size(rel, len(data), limit)
+        return _Current(data, opened.st_mode & 0o7777, (opened.st_dev, opened.st_ino))
+
+    def _check_size(self, rel: str, size: int, limit: int | None) -> None:
+        if limit is not None and size > limit:
+            raise ToolError(
+                f"{rel!r} is {size} bytes, over the {limit}-byte limit "
                 "of what the file tools keep to restore; change it with run_command instead",
                 retryable=False,
             )
-        return target.read_bytes()
 
     def _record(
         self,
         target: Path,
-        previous: bytes | None,
-        previous_mode: int | None,
+        previous: _Current | None,
         after_digest: str | None,
         size_after: int | None,
         action: ChangeAction,
         session_id: str | None,
         call_id: str | None,
     ) -> Change:
-        size_before = None if previous is None else len(previous)
+        data, mode = (None, None) if previous is None else (previous.data, previous.mode)
+        size_before = None if data is None else len(data)
         change = self._log_change(target, action, size_before, size_after, session_id, call_id)
         stack = self._revisions.setdefault(target, [])
-        stack.append(_Revision(change, previous, previous_mode, after_digest))
-        if previous is not None:
-            self._backup_bytes += len(previous)
+        stack.append(_Revision(change, data, mode, after_digest))
+        if data is not None:
+            self._backup_bytes += len(data)
         while len(stack) > self.max_revisions_per_file:
             self._forget(stack, 0)
         self._trim_to_budget()
@@ -376,47 +581,37 @@ class Workspace:
             return self._backup_bytes
 
 
-def _mode(target: Path) -> int | None:
-    """The permission bits of the file at `target`; None if there is none."""
+def _refuse_git(parts: tuple[str, ...]) -> None:
+    if any(part.lower() == ".git" for part in parts):
+        raise ToolError(
+            f"{'/'.join(parts)!r} is inside a .git folder, which the file tools "
+            "do not change (git runs programs named there); use run_command, "
+            "which asks for confirmation",
+            retryable=False,
+        )
+
+
+def _changed_since(rel: str) -> ToolError:
+    return ToolError(
+        f"{rel!r} changed by other means since its last change through the file tools; "
+        "restoring would discard that. Read it and edit it instead",
+        retryable=False,
+    )
+
+
+@contextlib.contextmanager
+def _os_errors(doing: str, rel: str) -> Iterator[None]:
+    """The file system's errors as ToolErrors naming the file (a ToolError passes as it is)."""
     try:
-        return target.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        return None
-
-
-def _read_current(target: Path) -> bytes | None:
-    try:
-        return target.read_bytes()
-    except FileNotFoundError:
-        return None
-
-
-def _atomic_write(target: Path, content: bytes) -> None:
-    """Write `content` to `target` so a reader sees the old file or the new one, never half.
-
-    A new file gets the usual permissions (0o666 less the umask); a replaced one keeps its own.
-    """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staged = staging_path(target)
-    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(content)
-        if target.exists():
-            os.chmod(staged, target.stat().st_mode & 0o7777)
-        os.replace(staged, target)
-    except BaseException:
-        staged.unlink(missing_ok=True)
-        raise
-
-
-def staging_path(target: Path) -> Path:
-    """A fresh hidden name beside `target` to write into before moving it in place.
-
-    Short whatever `target` is called: a name near the 255-byte limit has no room
-    for a prefix and a suffix, and a long-named file could not be edited or restored.
-    """
-    return target.with_name(f".tp-{uuid.uuid4().hex[:16]}.partial")
+        yield
+    except IsADirectoryError:
+        raise ToolError(f"{rel!r} is a folder, not a file", retryable=False) from None
+    except NotADirectoryError as exc:
+        raise ToolError(
+            f"cannot {doing} {rel!r}: {exc.filename!r} is not a folder", retryable=False
+        ) from None
+    except OSError as exc:
+        raise ToolError(f"cannot {doing} {rel!r}: {exc.strerror or exc}", retryable=False) from exc
 
 
 def unique(items: Iterable[str]) -> list[str]:

@@ -1,8 +1,9 @@
 """The file tools: `read_files`, `find_files`, `edit_file`, `remove_file`, `restore_file`,
 `file_history`.
 
-Every path is resolved inside the workspace (`_workspace.Workspace.resolve`). Readers
-run concurrently and declare what they read; writers run alone, declare what they
+Every path is resolved inside the workspace (`_workspace.Workspace.resolve`), and every
+file is opened through the workspace, which walks the path again race-free (`_safepath`).
+Readers run concurrently and declare what they read; writers run alone, declare what they
 write, and go through the workspace's backups so `restore_file` can undo them.
 Handlers are synchronous (plain file I/O): the dispatcher runs them in worker threads.
 Nothing from the dispatcher's passes may be imported here.
@@ -10,21 +11,24 @@ Nothing from the dispatcher's passes may be imported here.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+import attrs
 import pathspec
 
 from dispatcher._exceptions import ToolError
 from dispatcher._registry import Tool
 from dispatcher._types import ToolContext
 
-from ._workspace import Change, Workspace, unique
+from ._safepath import NotARegularFile
+from ._workspace import Change, ChangeAction, Workspace, unique
 
 __all__ = ["FileTools", "file_tools", "glob_to_regex"]
 
@@ -171,7 +175,7 @@ class FileTools:
             body = ""
             if isinstance(entry, Path):
                 try:
-                    body = _read_window(entry, offset, limit)
+                    body = _read_window(self.ws, entry, offset, limit)
                 except ToolError as exc:
                     entry = exc
             if isinstance(entry, ToolError):
@@ -203,7 +207,7 @@ class FileTools:
         visited = 0
         ignored = 0
         stopped = False
-        for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+        for dirpath, dirnames, filenames in _walk_folder(self.ws, base, args.get("path")):
             if skip_git and ".git" in dirnames:
                 dirnames.remove(".git")
             here = Path(dirpath)
@@ -254,57 +258,17 @@ class FileTools:
         target = self.ws.resolve(path)
         self.ws.check_writable(target)
         rel = self.ws.relative(target)
-        who = _who(ctx)
-        with self.ws.lock:  # read, change and write as one step against other sessions
-            if not target.exists():
-                if old:
-                    raise ToolError(
-                        f"no such file: {rel!r} (to create it, pass an empty old_string)",
-                        retryable=False,
-                    )
-                data = new.encode("utf-8")
-                self.ws.write(target, data, action="create", **who)
-                return f"created {rel} ({len(data)} bytes, {_count_lines(new)} lines)"
-            if target.is_dir():
-                raise ToolError(f"{rel!r} is a folder, not a file", retryable=False)
-            text = _read_text_for_edit(target, rel, self.ws.max_backup_file_bytes)
-            if not old:
-                if text:
-                    raise ToolError(
-                        f"{rel!r} already exists and is not empty: old_string must quote "
-                        "the text to replace",
-                        retryable=False,
-                    )
-                self.ws.write(target, new.encode("utf-8"), action="edit", **who)
-                return f"wrote {rel} (it was empty; now {_count_lines(new)} lines)"
-            if old == new:
-                raise ToolError("old_string and new_string are the same: nothing to change",
-                                retryable=False)
-            count = text.count(old)
-            if count == 0 and "\r\n" in text and "\n" in old:
-                # The file uses CRLF line ends; the model wrote LF. Match in the file's style.
-                old, new = _crlf(old), _crlf(new)
-                count = text.count(old)
-            if count == 0:
-                raise ToolError(
-                    f"old_string was not found in {rel!r}; read the file and quote it exactly "
-                    "(whitespace and indentation included)",
-                    retryable=False,
-                )
-            if count > 1 and not replace_all:
-                raise ToolError(
-                    f"old_string occurs {count} times in {rel!r}; add surrounding lines to "
-                    "make it unique, or set replace_all",
-                    retryable=False,
-                )
-            first_at = text.index(old)
-            updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
-            self.ws.write(target, updated.encode("utf-8"), action="edit", **who)
-        replaced = count if replace_all else 1
-        return (
-            f"edited {rel}: replaced {replaced} occurrence(s)\n"
-            + _snippet(updated, first_at, len(new))
-        )
+        edit: _Edit | None = None
+
+        def change(current: bytes | None) -> tuple[bytes, ChangeAction]:
+            nonlocal edit
+            edit = _plan_edit(current, old, new, replace_all, rel)
+            return edit.content, edit.action
+
+        # Read, change and write as one step, against other sessions and other writers.
+        self.ws.update(target, change, **_who(ctx))
+        assert edit is not None
+        return edit.report
 
     def remove_file(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
         path: str = args["path"]
@@ -359,6 +323,26 @@ def _who(ctx: ToolContext) -> dict[str, str | None]:
     return {"session_id": None if session_id is None else str(session_id), "call_id": ctx.call_id}
 
 
+def _walk_folder(
+    ws: Workspace, base: Path, shown: object
+) -> Iterator[tuple[str, list[str], list[str]]]:
+    """`os.walk(base)`'s triples, walked race-free: the folder is opened through the
+    workspace, and `os.fwalk` opens each folder below from its parent's descriptor and
+    checks it is the folder it listed, so one swapped for a symbolic link is not entered.
+    Pruning the yielded folder names prunes the walk."""
+    try:
+        fd = ws.open_folder(base)
+    except (FileNotFoundError, NotADirectoryError):
+        raise ToolError(f"{shown!r} is not a folder", retryable=False) from None
+    except OSError as exc:
+        raise ToolError(f"cannot list {shown!r}: {exc.strerror or exc}", retryable=False) from exc
+    try:
+        for dirpath, dirnames, filenames, _ in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
+            yield os.path.normpath(os.path.join(base, dirpath)), dirnames, filenames
+    finally:
+        os.close(fd)
+
+
 def _names_a_symlink(path: str) -> bool:
     """Whether the last component of `path` is a symbolic link, with the folders before
     it resolved the way `Workspace.resolve` resolves them: `nosuchdir/../link` and
@@ -367,52 +351,67 @@ def _names_a_symlink(path: str) -> bool:
     folder, name = os.path.split(path)
     if name in ("", ".", ".."):
         return False  # a folder, which remove_file refuses anyway
-    last = os.path.join(os.path.realpath(folder), name)
+    try:
+        last = os.path.join(os.path.realpath(folder), name)
+    except OSError:
+        # A folder on the way changed while it was resolved. Workspace.remove, which
+        # never follows the last name, still refuses a link, race-free.
+        return False
     return os.path.islink(last)
 
 
-def _read_window(target: Path, offset: int, limit: int) -> str:
+def _read_window(ws: Workspace, target: Path, offset: int, limit: int) -> str:
     """Lines `offset` .. `offset + limit - 1` of a text file, numbered like `cat -n`."""
     try:
-        # One stat, whose errors (a name too long, a loop, no permission) are reported
-        # as this file's: Path.is_dir and Path.exists raise some of them on their own.
-        mode = target.stat().st_mode
-        if stat.S_ISDIR(mode):
-            raise ToolError("is a folder; list it with find_files", retryable=False)
-        if not stat.S_ISREG(mode):
-            # Opening a FIFO would wait for a writer forever.
-            raise ToolError("not a regular file (a pipe, socket or device)", retryable=False)
-        with open(target, "rb") as raw:
-            head = raw.read(_BINARY_SNIFF_BYTES)
-        size = target.stat().st_size
+        # Opened once, race-free: everything below reads this one file.
+        raw = ws.open_read(target)
     except FileNotFoundError:
         raise ToolError("no such file", retryable=False) from None
+    except IsADirectoryError:
+        raise ToolError("is a folder; list it with find_files", retryable=False) from None
+    except NotARegularFile:
+        # Opening a FIFO would wait for a writer forever.
+        raise ToolError("not a regular file (a pipe, socket or device)", retryable=False) from None
     except OSError as exc:
         raise ToolError(f"cannot read: {exc.strerror or exc}", retryable=False) from exc
-    if b"\x00" in head:
-        return f"[binary file, {size} bytes; not shown]"
-    if size == 0:
-        return "[empty file]"
+    with raw:
+        try:
+            head = raw.read(_BINARY_SNIFF_BYTES)
+            size = os.fstat(raw.fileno()).st_size
+            raw.seek(0)
+        except OSError as exc:
+            raise ToolError(f"cannot read: {exc.strerror or exc}", retryable=False) from exc
+        if b"\x00" in head:
+            return f"[binary file, {size} bytes; not shown]"
+        if size == 0:
+            return "[empty file]"
+        text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
+        try:
+            return _numbered_lines(text, offset, limit)
+        finally:
+            text.detach()  # `raw` is closed by its own `with`
+
+
+def _numbered_lines(text: TextIO, offset: int, limit: int) -> str:
     out: list[str] = []
     more = False
-    with open(target, encoding="utf-8", errors="replace", newline="") as text:
-        number = 0
-        # Lines are read in bounded pieces: a file of one 300 MB line must not be read
-        # into memory whole to show its first characters.
-        while piece := text.readline(_MAX_LINE_CHARS + 1):
-            number += 1
-            long_line = not piece.endswith(("\n", "\r"))
-            if long_line:
-                _skip_rest_of_line(text)
-            if number < offset:
-                continue
-            if len(out) == limit:
-                more = True
-                break
-            line = piece.rstrip("\r\n")
-            if len(line) > _MAX_LINE_CHARS:
-                line = line[:_MAX_LINE_CHARS] + f" [line cut at {_MAX_LINE_CHARS} characters]"
-            out.append(f"{number:6}\t{line}")
+    number = 0
+    # Lines are read in bounded pieces: a file of one 300 MB line must not be read
+    # into memory whole to show its first characters.
+    while piece := text.readline(_MAX_LINE_CHARS + 1):
+        number += 1
+        long_line = not piece.endswith(("\n", "\r"))
+        if long_line:
+            _skip_rest_of_line(text)
+        if number < offset:
+            continue
+        if len(out) == limit:
+            more = True
+            break
+        line = piece.rstrip("\r\n")
+        if len(line) > _MAX_LINE_CHARS:
+            line = line[:_MAX_LINE_CHARS] + f" [line cut at {_MAX_LINE_CHARS} characters]"
+        out.append(f"{number:6}\t{line}")
     if not out:
         return f"[the file has fewer than {offset} lines]"
     if more:
@@ -425,16 +424,7 @@ def _skip_rest_of_line(text: TextIO) -> None:
         pass
 
 
-def _read_text_for_edit(target: Path, rel: str, max_bytes: int) -> str:
-    if not target.is_file():
-        raise ToolError(f"{rel!r} is not a regular file", retryable=False)
-    size = target.stat().st_size
-    if size > max_bytes:
-        raise ToolError(
-            f"{rel!r} is {size} bytes, over the {max_bytes}-byte limit of edit_file",
-            retryable=False,
-        )
-    data = target.read_bytes()
+def _text_for_edit(data: bytes, rel: str) -> str:
     if b"\x00" in data[:_BINARY_SNIFF_BYTES]:
         raise ToolError(f"{rel!r} is a binary file; edit_file edits text", retryable=False)
     try:
@@ -444,6 +434,66 @@ def _read_text_for_edit(target: Path, rel: str, max_bytes: int) -> str:
             f"{rel!r} is not UTF-8 text (byte {exc.start}); edit_file edits UTF-8 files",
             retryable=False,
         ) from exc
+
+
+@attrs.frozen
+class _Edit:
+    """What edit_file makes of a file: the new content, the action to log, the report."""
+
+    content: bytes
+    action: ChangeAction
+    report: str
+
+
+def _plan_edit(current: bytes | None, old: str, new: str, replace_all: bool, rel: str) -> _Edit:
+    """The edit of the file `rel`, whose content is `current` (None: no such file)."""
+    if current is None:
+        if old:
+            raise ToolError(
+                f"no such file: {rel!r} (to create it, pass an empty old_string)",
+                retryable=False,
+            )
+        data = new.encode("utf-8")
+        return _Edit(data, "create", f"created {rel} ({len(data)} bytes, {_count_lines(new)} lines)")
+    text = _text_for_edit(current, rel)
+    if not old:
+        if text:
+            raise ToolError(
+                f"{rel!r} already exists and is not empty: old_string must quote "
+                "the text to replace",
+                retryable=False,
+            )
+        return _Edit(
+            new.encode("utf-8"), "edit", f"wrote {rel} (it was empty; now {_count_lines(new)} lines)"
+        )
+    if old == new:
+        raise ToolError("old_string and new_string are the same: nothing to change",
+                        retryable=False)
+    count = text.count(old)
+    if count == 0 and "\r\n" in text and "\n" in old:
+        # The file uses CRLF line ends; the model wrote LF. Match in the file's style.
+        old, new = _crlf(old), _crlf(new)
+        count = text.count(old)
+    if count == 0:
+        raise ToolError(
+            f"old_string was not found in {rel!r}; read the file and quote it exactly "
+            "(whitespace and indentation included)",
+            retryable=False,
+        )
+    if count > 1 and not replace_all:
+        raise ToolError(
+            f"old_string occurs {count} times in {rel!r}; add surrounding lines to "
+            "make it unique, or set replace_all",
+            retryable=False,
+        )
+    first_at = text.index(old)
+    updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
+    replaced = count if replace_all else 1
+    report = (
+        f"edited {rel}: replaced {replaced} occurrence(s)\n"
+        + _snippet(updated, first_at, len(new))
+    )
+    return _Edit(updated.encode("utf-8"), "edit", report)
 
 
 def _crlf(text: str) -> str:

@@ -43,7 +43,7 @@ from dispatcher._types import ToolContext
 
 from ._html import html_to_text
 from ._netpolicy import Address, NetworkPolicy, RefusedAddress, numeric_host, parse_address
-from ._workspace import Workspace, staging_path
+from ._workspace import Workspace
 
 __all__ = [
     "DOWNLOAD_TIMEOUT",
@@ -320,8 +320,8 @@ class WebTools:
         if target.is_dir():
             raise ToolError(f"{rel!r} is a folder; give a file path", retryable=False)
         self.ws.check_writable(target)  # before anything is staged beside it
-        await anyio.Path(target.parent).mkdir(parents=True, exist_ok=True)
-        staged = staging_path(target)
+        # Created race-free in the target's folder (made if missing), which it holds open.
+        staged = await anyio.to_thread.run_sync(self.ws.stage, target)
         digest = xxhash.xxh3_128()
         size = 0
         installed = False
@@ -338,7 +338,7 @@ class WebTools:
                 if declared.isdigit() and int(declared) > self.max_download_bytes:
                     raise _too_large(url, self.max_download_bytes)
                 async with (
-                    await anyio.open_file(staged, "xb") as out,
+                    anyio.wrap_file(staged.file) as out,
                     _body_chunks(response) as chunks,
                 ):
                     async for chunk in chunks:
@@ -365,7 +365,7 @@ class WebTools:
         finally:
             if not installed:
                 with anyio.CancelScope(shield=True):
-                    await anyio.Path(staged).unlink(missing_ok=True)
+                    await anyio.to_thread.run_sync(staged.discard)
         return f"saved {size} bytes ({content_type}) from {final_url} to {rel}"
 
     # -- internals ---------------------------------------------------------------

@@ -158,6 +158,89 @@ def test_inner_dotdot_and_absolute_paths_inside_are_fine(ws: Path, tools: FileTo
     assert "bee" in _call(tools, "read_files", paths=[str(ws / "b.txt")])
 
 
+def test_symlinks_inside_the_workspace_are_followed(ws: Path, tools: FileTools) -> None:
+    """A symlink (relative or absolute) that stays inside is read and edited through."""
+    (ws / "real").mkdir()
+    (ws / "real/f.txt").write_text("one\n")
+    (ws / "alias").symlink_to("real")
+    (ws / "sub").mkdir()
+    (ws / "sub/back").symlink_to("../real/f.txt")
+    (ws / "abs").symlink_to(ws / "real")
+    assert "one" in _call(tools, "read_files", paths=["alias/f.txt", "sub/back", "abs/f.txt"])
+    _call(tools, "edit_file", path="sub/back", old_string="one", new_string="two")
+    assert (ws / "real/f.txt").read_text() == "two\n" and (ws / "sub/back").is_symlink()
+
+
+def test_a_folder_swapped_for_a_symlink_after_the_check_is_refused(ws: Path) -> None:
+    """A folder swapped for a symlink to outside after the check is refused at the use, naming the link."""
+    outside = ws.parent / "outside"
+    outside.mkdir()
+    (outside / "f.txt").write_text("outside")
+    (ws / "d").mkdir()
+    (ws / "d/f.txt").write_text("inside")
+    workspace = Workspace(ws)
+    target = workspace.resolve("d/f.txt")
+    (ws / "d/f.txt").unlink()
+    (ws / "d").rmdir()
+    (ws / "d").symlink_to(outside)
+    message = r"path 'd/f\.txt' leaves the workspace through the symlink 'd'"
+    with pytest.raises(ToolError, match=message) as info:
+        workspace.open_read(target)
+    assert info.value.retryable is False
+    for change in (
+        lambda: workspace.write(target, b"x", action="edit"),
+        lambda: workspace.remove(target),
+        lambda: workspace.stage(target),
+    ):
+        with pytest.raises(ToolError, match=message):
+            change()
+    assert os.listdir(outside) == ["f.txt"] and (outside / "f.txt").read_text() == "outside"
+
+
+def test_a_symlink_swapped_in_is_read_through_but_never_written_through(ws: Path) -> None:
+    """A link swapped in after the check is read through if inside, never written through."""
+    (ws / ".git").mkdir()
+    (ws / "other").mkdir()
+    (ws / "other/f.txt").write_text("other")
+    (ws / "d").mkdir()
+    workspace = Workspace(ws)
+    target = workspace.resolve("d/f.txt")
+    (ws / "d").rmdir()
+    (ws / "d").symlink_to("other")
+    with workspace.open_read(target) as file:
+        assert file.read() == b"other"
+    with pytest.raises(ToolError, match=r"'d/f\.txt' now leads through a symbolic link to 'other/f\.txt'"):
+        workspace.write(target, b"changed", action="edit")
+    assert (ws / "other/f.txt").read_text() == "other"
+    (ws / "d").unlink()
+    (ws / "d").symlink_to(".git")
+    with pytest.raises(ToolError, match=r"'\.git/f\.txt' is inside a \.git folder"):
+        workspace.write(target, b"hook", action="create")
+    (ws / "d").unlink()
+    (ws / "d").symlink_to("d")
+    with pytest.raises(ToolError, match="more than 40 symbolic links"):
+        workspace.open_read(target)
+    assert os.listdir(ws / ".git") == []
+
+
+def test_a_hardlink_to_an_outside_file_is_read_but_never_written_through(
+    ws: Path, tools: FileTools
+) -> None:
+    """A hardlink to an outside file reads as that file; edits and restores replace the link."""
+    outside = ws.parent / "outside.txt"
+    outside.write_text("shared\n")
+    os.link(outside, ws / "h.txt")
+    assert "shared" in _call(tools, "read_files", paths=["h.txt"])
+    _call(tools, "edit_file", path="h.txt", old_string="shared", new_string="mine")
+    assert (ws / "h.txt").read_text() == "mine\n"
+    assert outside.read_text() == "shared\n" and outside.stat().st_nlink == 1
+    _call(tools, "restore_file", path="h.txt")
+    assert (ws / "h.txt").read_text() == "shared\n"
+    assert (ws / "h.txt").stat().st_ino != outside.stat().st_ino
+    _call(tools, "remove_file", path="h.txt")
+    assert outside.read_text() == "shared\n"
+
+
 # -- find_files -------------------------------------------------------------------------
 
 
@@ -393,10 +476,11 @@ def test_restore_refuses_after_a_change_by_other_means(ws: Path, tools: FileTool
     """A file changed outside the tools since its last edit is not silently overwritten."""
     (ws / "f.txt").write_text("a")
     _call(tools, "edit_file", path="f.txt", old_string="a", new_string="b")
-    (ws / "f.txt").write_text("changed by hand")
-    with pytest.raises(ToolError, match="changed by other means"):
-        _call(tools, "restore_file", path="f.txt")
-    assert (ws / "f.txt").read_text() == "changed by hand"
+    for by_hand in ("changed by hand", "c"):  # another size, then the same size
+        (ws / "f.txt").write_text(by_hand)
+        with pytest.raises(ToolError, match="changed by other means"):
+            _call(tools, "restore_file", path="f.txt")
+        assert (ws / "f.txt").read_text() == by_hand
 
 
 def test_remove_file_refuses_symlinks_folders_and_missing_files(ws: Path, tools: FileTools) -> None:
