@@ -443,7 +443,9 @@ class ShellTools:
         return text
 
     def needs_confirmation(self, args: Mapping[str, Any]) -> bool:
-        """False only for a read-only command (see is_read_only_command) when read-only
+        """unless the command is read-only and may run unconfirmed
+
+        False only for a read-only command (see is_read_only_command) when read-only
         commands may run unconfirmed (a working sandbox, or `sandbox=False`)."""
         if not self.auto_approval:
             return True

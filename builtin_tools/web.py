@@ -826,10 +826,12 @@ def _method(args: Mapping[str, Any]) -> str:
 
 
 def _unsafe_method(args: Mapping[str, Any]) -> bool:
+    """unless the method is GET, HEAD or OPTIONS"""
     return _method(args) not in _SAFE_METHODS
 
 
 def _is_get(args: Mapping[str, Any]) -> bool:
+    """for GET requests only"""
     return _method(args) == "GET"
 
 

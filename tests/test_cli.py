@@ -113,3 +113,22 @@ def test_run_says_when_its_recording_could_not_be_written(tmp_path: Path) -> Non
     assert "24 calls in 6 batches" in text
     assert f"recording to {rec} stopped early:" in text and "No such file or directory" in text
     assert "recorded to" not in text
+
+
+def test_tools_lists_every_tool_with_its_confirm_rule_and_the_sandbox(tmp_path: Path) -> None:
+    """`threepass tools` lists the core two and every builtin, each confirm rule (a predicate
+    by its rule), and whether the command sandbox is active; --json is one document."""
+    code, text = run_cli("tools", "--workspace", str(tmp_path))
+    assert code == 0
+    lines = text.splitlines()
+    assert lines[0].startswith("find_tools") and lines[1].startswith("run_tool")
+    run_command = next(line for line in lines if line.startswith("run_command"))
+    assert "confirm=unless the command is read-only" in run_command
+    assert lines[-1].startswith("command sandbox: ")
+    code, text = run_cli("tools", "--json", "--workspace", str(tmp_path))
+    data = json.loads(text)
+    by_name = {t["name"]: t for t in data["tools"]}
+    assert by_name["http_request"]["confirm"] == "unless the method is GET, HEAD or OPTIONS"
+    assert by_name["edit_file"]["concurrent"] is False and by_name["read_files"]["concurrent"] is True
+    assert by_name["fetch_page"]["cache"] == {"ttl": 1800.0, "scope": "shared"}
+    assert {"active", "program", "reason"} <= set(data["command_sandbox"])

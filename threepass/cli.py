@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import anyio.to_thread
+import attrs
 import trio
 
 from builtin_tools import default_registry
@@ -211,6 +212,56 @@ def _cache(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _rule(flag: Any) -> bool | str:
+    """A tool's concurrent or confirm setting as shown: a bool, or the predicate's rule (the
+    first line of its docstring)."""
+    if isinstance(flag, bool):
+        return flag
+    doc = (getattr(flag, "__doc__", None) or "").strip().splitlines()
+    return doc[0].rstrip(".") if doc else f"decided per call by {getattr(flag, '__name__', repr(flag))}"
+
+
+def _tools(args: argparse.Namespace, out: TextIO) -> int:
+    """Every tool a session offers (the core two first): how each is run, confirmed and cached."""
+    from builtin_tools import GROUPS, command_sandbox
+
+    workspace = Path(args.workspace).resolve()
+    if not workspace.is_dir():
+        raise ValueError(f"workspace {workspace} is not a folder")
+    registry = default_registry(workspace)
+    d = Dispatcher(registry)
+    group_of = {name: group for group, names in GROUPS.items() for name in names}
+    sandbox = command_sandbox()
+    rows: list[dict[str, Any]] = []
+    for tool in [*d.core_registry, *registry]:
+        policy = tool.cache
+        rows.append(
+            {
+                "name": tool.name,
+                "group": group_of.get(tool.name, "core"),
+                "concurrent": _rule(tool.concurrent),
+                "confirm": _rule(tool.confirm),
+                "deferred": tool.deferred,
+                "cache": None if policy is None else {"ttl": policy.ttl, "scope": policy.scope},
+                "reads": tool.reads is not None,
+                "writes": tool.writes is not None,
+            }
+        )
+    if args.json:
+        out.write(json.dumps({"tools": rows, "command_sandbox": attrs.asdict(sandbox)}, indent=2) + "\n")
+        return 0
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        cache = "-" if r["cache"] is None else f"{r['cache']['scope']} {r['cache']['ttl']:g}s"
+        out.write(
+            f"{r['name']:<{width}}  {r['group']:<9} concurrent={r['concurrent']!s:<5} "
+            f"deferred={r['deferred']!s:<5} cache={cache:<13} confirm={r['confirm']}\n"
+        )
+    state = "active" if sandbox.active else f"NOT active ({sandbox.reason}): every command needs confirmation"
+    out.write(f"command sandbox: {state}\n")
+    return 0
+
+
 def _bench_harness() -> Any:
     """bench/harness.py of the source tree this package sits in, or of the current folder
     (a clone the package was installed from); None where there is none."""
@@ -257,6 +308,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     rep = sub.add_parser("replay", help="replay a recording offline and report the first divergence")
     rep.add_argument("recording")
+    tools = sub.add_parser("tools", help="list the tools a session offers, with their rules")
+    tools.add_argument("--workspace", default=".", help="the folder the builtin tools would work in")
+    tools.add_argument("--json", action="store_true", help="one JSON document")
     cache = sub.add_parser("cache", help="the result cache")
     cache.add_argument("action", choices=["stats", "clear"])
     cache.add_argument("--dir", help="cache folder (default: THREEPASS_CACHE_DIR or the user cache folder)")
@@ -279,6 +333,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             return trio.run(_run, args, _prepare_workspace(args), messages, stream)
         if args.command == "replay":
             return trio.run(_replay, args, _replay_workspace(args.recording), stream)
+        if args.command == "tools":
+            return _tools(args, stream)
         return _cache(args, stream)
     except (OSError, ValueError) as exc:
         stream.write(f"threepass: {exc}\n")
