@@ -41,7 +41,7 @@ from dispatcher import default_limit
 
 from . import dispatch_costs
 from .peers import PEERS, PeerClass, missing_reason, versions
-from .threepass_runner import ThreepassRunner
+from .threepass_runner import ThreepassAsyncioRunner, ThreepassRunner
 from .workloads import (
     FloorRunner,
     Goal,
@@ -68,6 +68,7 @@ OVERHEAD_BLOCKS = 5
 #: The goals of the issue that asked for this harness.
 TOOLNODE_GOAL = 8.0
 REPEATS_GOAL = 0
+ASYNCIO_GOAL = 1.3  # threepass on asyncio per call, at most this times its figure on trio
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,11 @@ def _overhead(
     """Workload 1 for every system measured so far, in alternating blocks (see
     `measure_overhead_interleaved`), so that the ratios between them share the machine's
     slow spells. A system that fails here is marked failed."""
-    factories: dict[str, RunnerFactory] = {"floor": FloorRunner, "threepass": ThreepassRunner}
+    factories: dict[str, RunnerFactory] = {
+        "floor": FloorRunner,
+        "threepass": ThreepassRunner,
+        "threepass-asyncio": ThreepassAsyncioRunner,
+    }
     factories.update({p.name: p for p in plan.peers if systems.get(p.name, {}).get("status") == "ok"})
     factories = {name: f for name, f in factories.items() if name in systems}
     blocks = 1 if plan.quick else OVERHEAD_BLOCKS
@@ -218,6 +223,15 @@ def collect(plan: Plan, progress: Callable[[str], object] = lambda line: None) -
         "threepass",
         lambda: _measure(
             f"threepass (default limit {default_limit()})", ThreepassRunner, _ref(ThreepassRunner), plan
+        ),
+    )
+    step(
+        "threepass-asyncio",
+        lambda: _measure(
+            f"threepass on asyncio (default limit {default_limit()})",
+            ThreepassAsyncioRunner,
+            _ref(ThreepassAsyncioRunner),
+            plan,
         ),
     )
     for limit in plan.limits:
@@ -367,6 +381,13 @@ def goals(report: Mapping[str, Any]) -> list[Goal]:
             repeats == REPEATS_GOAL and repetition["outputs_correct"],
         )
     )
+    on_asyncio = per_call_100(systems.get("threepass-asyncio") or {})
+    label = "threepass on asyncio / on trio per call at batch 100"
+    if on_asyncio is None or not threepass_us:
+        found.append(Goal.not_measured(label, f"at most {ASYNCIO_GOAL}x", "left out of this run"))
+    else:
+        ratio = on_asyncio / threepass_us
+        found.append(Goal(label, f"{ratio:.2f}x", f"at most {ASYNCIO_GOAL}x", ratio <= ASYNCIO_GOAL))
     if costs is not None:
         found += dispatch_costs.cost_goals(costs)
     return found

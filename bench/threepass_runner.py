@@ -10,7 +10,7 @@ from dispatcher import Dispatcher, Registry, Tool
 
 from .workloads import Call, LoopName, Toolbox, ToolFn
 
-__all__ = ["ThreepassRunner"]
+__all__ = ["ThreepassAsyncioRunner", "ThreepassRunner"]
 
 
 def _handler(fn: ToolFn) -> Any:
@@ -53,3 +53,13 @@ class ThreepassRunner:
         self.session.new_run()
         results = await self.session.dispatch([c.as_openai_chat() for c in calls])
         return [r.content for r in results]
+
+
+class ThreepassAsyncioRunner(ThreepassRunner):
+    """threepass on asyncio, the loop the peers run on: the fair comparison for asyncio users."""
+
+    loop: LoopName = "asyncio"
+
+    def __init__(self, limit: int | None = None, cache: ResultCache | None = None) -> None:
+        super().__init__(limit, cache)
+        self.name = "threepass (asyncio)" if limit is None else f"threepass (asyncio, limit {limit})"

@@ -65,7 +65,10 @@ def test_the_table_has_a_row_per_system_with_ratios_to_threepass(report: dict[st
     assert len(re.findall(r"\(\d+(\.\d+)?x\)", floor)) >= 3  # µs/call at batch 1, 10 and 100
     assert "x)" not in threepass
     assert "yes (" in threepass
-    assert len(table.splitlines()) == 2 + 3  # header, rule, floor, threepass, the absent peer
+    on_asyncio = _row(table, "threepass on asyncio")
+    assert len(re.findall(r"\(\d+(\.\d+)?x\)", on_asyncio)) >= 3  # its ratios to threepass on trio
+    # header, rule, floor, threepass, threepass on asyncio, the absent peer
+    assert len(table.splitlines()) == 2 + 4
 
 
 def test_a_peer_that_does_not_import_is_reported_not_installed(report: dict[str, Any]) -> None:
@@ -87,6 +90,7 @@ def test_goals_say_what_was_met_and_what_was_not_measured(report: dict[str, Any]
     assert verdict("repeated executions") is True
     assert verdict("LangGraph ToolNode / threepass") is None
     assert verdict("threepass / floor") is None
+    assert verdict("threepass on asyncio / on trio") in (True, False)  # measured in every plan
 
 
 def test_threepass_bench_hands_its_arguments_to_the_harness(capsys: pytest.CaptureFixture[str]) -> None:
