@@ -32,23 +32,25 @@ LoopIdentity = tuple[str, object, int]
 
 
 def loop_identity() -> LoopIdentity:
-    """Which loop this is: trio's token, or asyncio's running loop, and the thread."""
-    library = sniffio.current_async_library()
-    loop: object
-    if library == "trio":
-        loop = trio.lowlevel.current_trio_token()
-    elif library == "asyncio":
+    """Which loop this is: trio's token, or asyncio's running loop, and the thread. Asked
+    once per batch, so trio (the reference) is tried first, without sniffio's look-up."""
+    try:
+        return "trio", trio.lowlevel.current_trio_token(), threading.get_ident()
+    except RuntimeError:
+        pass
+    try:
         loop = asyncio.get_running_loop()
-    else:  # pragma: no cover - anyio supports only these two
-        raise RuntimeError(f"threepass runs under trio or asyncio, not {library!r}")
-    return library, loop, threading.get_ident()
+    except RuntimeError:
+        raise RuntimeError("threepass runs inside an event loop: await it under trio or asyncio") from None
+    return "asyncio", loop, threading.get_ident()
 
 
 @attrs.frozen
 class Primitives:
     """The structured-concurrency primitives of one backend, with anyio's API shapes:
     `cancel_scope(deadline=...)`, `move_on_after(seconds)`, `event()`, `await checkpoint()`,
-    `async with task_group() as tg: tg.start_soon(fn, *args)`."""
+    `async with task_group() as tg: tg.start_soon(fn, *args)`, `lock()` and
+    `capacity_limiter(n)` (whose `*_nowait` methods raise `would_block`)."""
 
     name: str
     clock: Callable[[], float]
@@ -57,6 +59,9 @@ class Primitives:
     event: Callable[[], Any]
     checkpoint: Callable[[], Any]
     task_group: Callable[[], Any]
+    lock: Callable[[], Any]
+    capacity_limiter: Callable[[float], Any]
+    would_block: type[Exception]
 
 
 _TRIO = Primitives(
@@ -67,6 +72,9 @@ _TRIO = Primitives(
     trio.Event,
     trio.lowlevel.checkpoint,
     trio.open_nursery,
+    trio.Lock,
+    trio.CapacityLimiter,
+    trio.WouldBlock,
 )
 
 
@@ -82,4 +90,7 @@ def primitives() -> Primitives:
         anyio.Event,
         anyio.lowlevel.checkpoint,
         anyio.create_task_group,
+        anyio.Lock,
+        anyio.CapacityLimiter,
+        anyio.WouldBlock,
     )

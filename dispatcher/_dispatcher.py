@@ -101,7 +101,11 @@ class Dispatcher:
         here = _backend.loop_identity()
         bound = self._binding
         if bound is None:
-            bound = self._binding = _Binding(here, anyio.CapacityLimiter(math.inf), _backend.primitives())
+            primitives = _backend.primitives()
+            bound = self._binding = _Binding(here, anyio.CapacityLimiter(math.inf), primitives)
+            if self.limiter.borrowed_tokens == 0:
+                # the loop's own limiter from now on: anyio's wrapper of trio's costs a call
+                self.limiter = primitives.capacity_limiter(self.limiter.total_tokens)
         elif bound.loop != here:
             first, now = bound.loop, here
             raise RuntimeError(

@@ -91,6 +91,7 @@ PATHS: dict[str, tuple[Step, ...]] = {
     # again, and if it needs a gate it is refused, since no gate saw it
     "reopen": (Step.VALIDATE, Step.CONFIRM),
 }
+_KEYING, _AFTER_KEYING = PATHS["resolve"][:1], PATHS["resolve"][1:]  # `lookups` keys, `resolve` the rest
 
 
 def _served_again(result: ToolResult, call_id: str) -> ToolResult:
@@ -293,13 +294,16 @@ def _schema_errors(entry: RegisteredTool, args: Mapping[str, Any]) -> list[str]:
     return errors
 
 
-@attrs.define
 class _Batch:
-    """What the LOOKUP step of one batch shares across its calls."""
+    """What the LOOKUP step of one batch shares across its calls (a plain class: one is
+    made per batch, and attrs' factories cost more than the rest of a one-call batch)."""
 
-    cached: Mapping[str, CacheEntry]
-    leaders: dict[str, Draft] = attrs.field(factory=dict)
-    pending_writes: list[str] = attrs.field(factory=list)
+    __slots__ = ("cached", "leaders", "pending_writes")
+
+    def __init__(self, cached: Mapping[str, CacheEntry]) -> None:
+        self.cached = cached
+        self.leaders: dict[str, Draft] = {}
+        self.pending_writes: list[str] = []
 
 
 class Planner:
@@ -461,7 +465,7 @@ class Planner:
             if entry is None:
                 continue
             d.entry = entry
-            if self._check(d, PATHS["resolve"][:1]):  # the key, for the store's lookup
+            if self._check(d, _KEYING):  # the key, for the store's lookup
                 keyed.append(d)
         if not self._has_cache:
             return []
@@ -482,10 +486,9 @@ class Planner:
         the result cache (`cached`: the store's live entries among the keys asked), schema
         validation, and whether the gate must be asked."""
         batch = _Batch(cached)
-        rest = PATHS["resolve"][1:]  # the key was made by `lookups`
         for d in self._keyed:
             d.advance("resolved")
-            self._check(d, rest, batch)
+            self._check(d, _AFTER_KEYING, batch)
 
     def _check(self, d: Draft, steps: Sequence[Step], batch: _Batch | None = None) -> bool:
         """Take `steps` in order; False once one decided the call (or made it a follower)."""

@@ -44,7 +44,7 @@ from ._types import (
 )
 
 if TYPE_CHECKING:
-    from ._dispatcher import Dispatcher
+    from ._dispatcher import Dispatcher, _Binding
     from ._recording import Recorder
 
 __all__ = ["Session", "SessionStatistics"]
@@ -109,7 +109,7 @@ class Session:
         self._extra_core = tuple(core)
         self.recorder = recorder
         self._executed = 0
-        self._one_batch = anyio.Lock()
+        self._one_batch: Any = None  # the bound loop's Lock, made at the first dispatch
         self._ids = itertools.count(1)
         self.new_run()
 
@@ -239,23 +239,27 @@ class Session:
         approval is spent, a result remembered and a non-concurrent call finished before the
         next batch plans. A dispatch made by a handler of this session's running batch (an
         `invoke` from a tool) goes ahead: it is part of that batch's work."""
+        bound = self.dispatcher._bind()
         inside = _INSIDE.get()
         if self in inside:
-            return await self._dispatch_one(calls, decisions, all_loaded, runner, gate)
+            return await self._dispatch_one(bound, calls, decisions, all_loaded, runner, gate)
         lock = self._one_batch
+        if lock is None:
+            lock = self._one_batch = bound.primitives.lock()
         try:
             lock.acquire_nowait()  # no scheduler round trip when the session is free
-        except anyio.WouldBlock:
+        except bound.primitives.would_block:
             await lock.acquire()
         token = _INSIDE.set(inside | {self})
         try:
-            return await self._dispatch_one(calls, decisions, all_loaded, runner, gate)
+            return await self._dispatch_one(bound, calls, decisions, all_loaded, runner, gate)
         finally:
             _INSIDE.reset(token)
             lock.release()
 
     async def _dispatch_one(
         self,
+        bound: _Binding,
         calls: Sequence[Any],
         decisions: Mapping[str, Allow | Deny] | None,
         all_loaded: bool,
@@ -264,7 +268,6 @@ class Session:
     ) -> list[ToolResult]:
         calls = list(calls)  # once: the planner and the recording read the same calls
         d = self.dispatcher
-        bound = d._bind()
         self._round += 1
         self._rounds_total += 1
         store = d.cache
