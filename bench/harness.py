@@ -538,6 +538,18 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     stream.write((json.dumps(report, indent=1) if ns.json else render_summary(report)) + "\n")
     output = _output(ns)
     if output is not None:
-        output.write_text(render_results(report, command), encoding="utf-8")
+        kept = versus_section(output.read_text(encoding="utf-8")) if output.exists() else ""
+        output.write_text(render_results(report, command) + kept, encoding="utf-8")
         progress(f"wrote {output}")
     return 0
+
+
+VERSUS_START, VERSUS_END = "<!-- versus -->", "<!-- /versus -->"
+
+
+def versus_section(text: str) -> str:
+    """The section bench/versus.py writes into RESULTS.md (kept when the harness rewrites it)."""
+    start, end = text.find(VERSUS_START), text.find(VERSUS_END)
+    if start < 0 or end < start:
+        return ""
+    return "\n" + text[start : end + len(VERSUS_END)] + "\n"
