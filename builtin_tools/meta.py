@@ -4,8 +4,10 @@
 They keep their state in the session (`ctx.state`): the todo list under "todo", the
 final result under "result". `ask_user` asks through a callable the application puts
 in `ctx.state["ask_user"]`; without one it interrupts the dispatch (a question
-nobody can hear is run control, not a failure). These handlers touch session state,
-which belongs to the trio thread, so they are async even where they never await.
+nobody can hear is run control, not a failure), and the application resumes the batch
+with `dispatch(calls, decisions={call_id: Answer(text)})`. These handlers touch session
+state, which belongs to the event loop's thread, so they are async even where they
+never await.
 Nothing from the dispatcher's passes may be imported here.
 """
 
@@ -25,7 +27,6 @@ from dispatcher._types import ToolCall, ToolContext
 from ._workspace import Workspace
 
 __all__ = [
-    "ASK_USER_ANSWERS",
     "ASK_USER_KEY",
     "ASK_USER_TIMEOUT",
     "CORE_TOOL_NAMES",
@@ -38,9 +39,6 @@ CORE_TOOL_NAMES = ("reasoning_guide", "write_todo", "chat_history", "ask_user", 
 ASK_USER_KEY = "ask_user"
 """`ctx.state[ASK_USER_KEY]`: `fn(question) -> str` or `fn(question, options) -> str`,
 sync (run in a worker thread, so it may block on a terminal) or async."""
-ASK_USER_ANSWERS = "ask_user_answers"
-"""`ctx.state[ASK_USER_ANSWERS][call_id]`: an answer an application got after an
-interrupt; the resumed call returns it (once) instead of interrupting again."""
 
 ASK_USER_TIMEOUT = 24 * 3600.0
 """A person answers at their own pace: far past the dispatcher's default call timeout."""
@@ -191,9 +189,6 @@ class MetaTools:
     async def ask_user(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
         question: str = args["question"]
         options = list(args.get("options") or [])
-        answers = ctx.state.get(ASK_USER_ANSWERS)
-        if isinstance(answers, dict) and ctx.call_id in answers:
-            return _answer_text(answers.pop(ctx.call_id))
         ask = ctx.state.get(ASK_USER_KEY)
         if not callable(ask):
             call = ToolCall(id=ctx.call_id, name="ask_user", arguments=dict(args))

@@ -21,6 +21,7 @@ from ._seams import CacheEntry, CacheStatistics, CacheWrite, ResultCache, ToolRu
 from ._session import Session, SessionStatistics
 from ._types import (
     Allow,
+    Answer,
     Deny,
     HistoryEntry,
     Interrupt,
@@ -34,6 +35,7 @@ from ._types import (
 
 __all__ = [
     "Allow",
+    "Answer",
     "CacheEntry",
     "CachePolicy",
     "CacheStatistics",

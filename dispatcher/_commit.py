@@ -14,7 +14,7 @@ from collections.abc import Collection, Mapping
 import attrs
 
 from ._history import History
-from ._plan import DedupeEntry, Plan, PlannedCall, PlannerState, _served_again
+from ._plan import DedupeEntry, FinishedCall, Plan, PlannedCall, PlannerState, _served_again
 from ._policy import resources_overlap
 from ._seams import CacheWrite
 from ._types import Status, ToolResult, ToolResultEvent
@@ -39,6 +39,10 @@ class CommitEffects:
     remember: tuple[tuple[str, DedupeEntry], ...] = ()
     cache_writes: tuple[CacheWrite, ...] = ()
     events: tuple[ToolResultEvent, ...] = ()
+    finished: tuple[tuple[str, FinishedCall], ...] = ()
+    """A batch cut short: the calls that finished (ran, or answered), kept for its resume."""
+    consumed: tuple[str, ...] = ()
+    """A batch that completed: the kept calls it served, no longer needed."""
 
 
 def _drop_overlapping(remember: dict[str, DedupeEntry], writes: frozenset[str]) -> None:
@@ -51,6 +55,7 @@ def commit(
     executed: Mapping[int, ToolResult],
     *,
     started: Collection[int] = (),
+    cut: bool = False,
     has_cache: bool,
     run_id: int,
     round: int,
@@ -62,7 +67,9 @@ def commit(
     have written). Successes that wrote nothing are remembered for the run (and cached,
     where their tool has a policy); failures never are; a write that may have happened
     (a success, or a failure that says its effect is uncertain) invalidates what it
-    overlaps. Returns the effects; changes nothing itself."""
+    overlaps. `cut`: the batch was cut short (run control from pass 2, a cancellation):
+    what finished is kept, so that dispatching the batch again serves it instead of
+    running it twice. Returns the effects; changes nothing itself."""
     results: list[ToolResult | None] = []
     history: list[tuple[PlannedCall, ToolResult]] = []
     loaded: list[str] = []
@@ -118,6 +125,14 @@ def commit(
             for i, r in enumerate(results)
             if r is not None
         )
+    carried = plan.carried
+    finished: tuple[tuple[str, FinishedCall], ...] = ()
+    consumed: tuple[str, ...] = ()
+    if cut:
+        kept = [(p, r) for p, r in history if p.index in executed or p.index in carried]
+        finished = tuple((p.call_id, FinishedCall(p.key, r)) for p, r in kept)
+    elif carried:
+        consumed = tuple(plan.calls[i].call_id for i in carried)
     return CommitEffects(
         results=tuple(results),
         history=tuple(history),
@@ -127,6 +142,8 @@ def commit(
         remember=tuple(remember.items()),
         cache_writes=tuple(cache_writes),
         events=events,
+        finished=finished,
+        consumed=consumed,
     )
 
 
@@ -143,3 +160,7 @@ def land(effects: CommitEffects, state: PlannerState, history: History, *, run_i
         _drop_overlapping(state.dedupe, effects.invalidations)
     if effects.remember:
         state.dedupe.update(effects.remember)
+    if effects.finished:
+        state.finished.update(effects.finished)
+    for call_id in effects.consumed:
+        state.finished.pop(call_id, None)

@@ -21,7 +21,7 @@ from ._registry import Registry
 from ._results import DEFAULT_MAX_OUTPUT_BYTES
 from ._seams import ResultCache, ToolRunner
 from ._session import Session
-from ._types import Allow, Deny, ToolCall, ToolResult
+from ._types import Allow, Answer, Deny, ToolCall, ToolResult
 
 __all__ = ["DEFAULT_TIMEOUT", "Dispatcher", "default_limit"]
 
@@ -150,7 +150,7 @@ class Dispatcher:
         *,
         session: Session | None = None,
         call_id: str | None = None,
-        decisions: Mapping[str, Allow | Deny] | None = None,
+        decisions: Mapping[str, Allow | Deny | Answer] | None = None,
     ) -> ToolResult:
         """Call one tool from code. Every tool counts as loaded; validation, gate, dedupe,
         cache, history and recording are as for a model's call."""

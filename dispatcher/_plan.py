@@ -30,9 +30,9 @@ import xxhash
 from ._credentials import carries_credentials
 from ._policy import resources_overlap
 from ._registry import RegisteredTool, Registry
-from ._results import describe, failure_result, safe_text, shown
+from ._results import describe, failure_result, normalize_output, safe_text, shown
 from ._seams import CacheEntry
-from ._types import Allow, Deny, Status, ToolCall, ToolResult
+from ._types import Allow, Answer, Deny, Status, ToolCall, ToolResult
 
 __all__ = [
     "DEFAULT_MAX_ARGUMENT_BYTES",
@@ -41,6 +41,7 @@ __all__ = [
     "PATHS",
     "DedupeEntry",
     "Draft",
+    "FinishedCall",
     "Plan",
     "PlannedCall",
     "Planner",
@@ -156,6 +157,13 @@ class DedupeEntry(NamedTuple):
     reads: frozenset[str]
 
 
+class FinishedCall(NamedTuple):
+    """A call that finished in a batch cut short: its key and its result."""
+
+    key: str | None
+    result: ToolResult
+
+
 @attrs.define
 class PlannerState:
     """The session bookkeeping pass 1 reads. Owned by the session; pass 3 writes it."""
@@ -163,6 +171,10 @@ class PlannerState:
     loaded: set[str] = attrs.field(factory=set)
     dedupe: dict[str, DedupeEntry] = attrs.field(factory=dict)
     spent_approvals: set[str] = attrs.field(factory=set)
+    finished: dict[str, FinishedCall] = attrs.field(factory=dict)
+    """Calls of a batch that was cut short (an interrupt or block from pass 2, a
+    cancellation), by call id: dispatched again in the same run, they are served."""
+
 
 
 @attrs.define
@@ -188,6 +200,7 @@ class Draft:
     leader: int | None = None
     approval: Allow | None = None
     spent_approval: bool = False
+    duplicate: bool = False
 
     def advance(self, step: str) -> None:
         if (self.step, step) not in _ALLOWED:
@@ -248,10 +261,13 @@ class PlannedCall(NamedTuple):
 
 @attrs.frozen
 class Plan:
-    """The whole batch: every call in order, and the groups pass 2 runs (indices)."""
+    """The whole batch: every call in order, and the groups pass 2 runs (indices).
+    `carried`: the calls pass 1 answered with a result that must outlive a cut batch
+    (an `Answer`, or a result served from the batch's earlier, cut-short dispatch)."""
 
     calls: tuple[PlannedCall, ...]
     groups: tuple[tuple[int, ...], ...]
+    carried: frozenset[int] = frozenset()
 
 
 class _SeamFailed(Exception):
@@ -317,6 +333,7 @@ class Planner:
         state: PlannerState,
         has_cache: bool,
         session_id: str,
+        decisions: Mapping[str, Any] | None = None,
         mode: str,
         all_loaded: bool,
         max_argument_bytes: int,
@@ -326,6 +343,8 @@ class Planner:
         self._core = core
         self._state = state
         self._has_cache = has_cache
+        self._decisions = decisions or {}
+        self._carried: set[int] = set()
         self._keyed: list[Draft] = []
         self._session_id = session_id
         self._mode = mode
@@ -357,7 +376,23 @@ class Planner:
     # -- 1. parse, 2. unwrap run_tool --------------------------------------------
 
     def parse(self, items: Sequence[Any]) -> list[Draft]:
-        return [self._parse_one(i, item) for i, item in enumerate(items)]
+        """Step 1 and 2 for every item. A call id repeated within the batch is that later
+        call's `invalid_arguments`: nothing runs for it, and no decision is shared."""
+        drafts = [self._parse_one(i, item) for i, item in enumerate(items)]
+        if len(drafts) > 1:
+            seen: set[str] = set()
+            for d in drafts:
+                if d.call_id in seen:
+                    if d.step == "parsed":
+                        self._fail(
+                            d,
+                            Status.invalid_arguments,
+                            f"duplicate call id {d.call_id!r}: call ids are unique within a batch",
+                            retryable=False,
+                        )
+                    d.duplicate = True
+                seen.add(d.call_id)
+        return drafts
 
     def _parse_one(self, index: int, item: Any) -> Draft:
         fn = item.get("function") if type(item) is dict else None
@@ -510,7 +545,22 @@ class Planner:
 
     def _look_up(self, d: Draft, batch: _Batch) -> bool:
         """Dedupe in the batch (a follower shares its leader's result and decision), then in
-        the run and the result cache; a writer instead ends the leadership of what it touches."""
+        the run and the result cache; a writer instead ends the leadership of what it touches.
+        First of all, a call that finished in this batch's earlier, cut-short dispatch is
+        served its result, writers included: it ran once. Before that, the caller's `Answer`
+        is the call's result and its `Deny` refuses it, whatever the tool."""
+        decision = self._decisions.get(d.call_id) if self._decisions and not d.duplicate else None
+        if isinstance(decision, Answer):
+            self._answer(d, decision)
+            return False
+        if isinstance(decision, Deny):
+            self.deny(d, decision.reason)
+            return False
+        finished = self._state.finished
+        if finished and (done := finished.get(d.call_id)) is not None and done.key == d.key:
+            d.decide(_served_again(done.result, d.call_id))
+            self._carried.add(d.index)
+            return False
         if not d.writes:
             leader = None if d.force else batch.leaders.get(d.key or "")
             if leader is not None:
@@ -705,7 +755,7 @@ class Planner:
 
     def take_decision(self, d: Draft, decisions: Mapping[str, Any] | None) -> Allow | Deny | None:
         """A caller's decision for this call, if any (an Allow already spent does not count)."""
-        if not decisions:
+        if not decisions or d.duplicate:
             return None
         decision = decisions.get(d.call_id)
         if isinstance(decision, Deny):
@@ -714,6 +764,16 @@ class Planner:
             d.spent_approval = True
             return decision
         return None
+
+    def _answer(self, d: Draft, answer: Answer) -> None:
+        """The caller's (or the gate's) answer is the call's result; nothing runs."""
+        content = normalize_output(answer.content, self._max_out)
+        d.decide(ToolResult(d.call_id, d.name, Status.ok, content))
+        self._carried.add(d.index)
+
+    def answer(self, d: Draft, answer: Answer) -> None:
+        """A gate answered the call itself."""
+        self._answer(d, answer)
 
     def deny(self, d: Draft, reason: str) -> None:
         self._fail(d, Status.denied, f"denied: {safe_text(reason)}")
@@ -802,7 +862,7 @@ class Planner:
                     d.spent_approval,
                 )
             )
-        return Plan(calls=tuple(calls), groups=group_calls(calls))
+        return Plan(calls=tuple(calls), groups=group_calls(calls), carried=frozenset(self._carried))
 
 
 def group_calls(calls: Sequence[PlannedCall]) -> tuple[tuple[int, ...], ...]:

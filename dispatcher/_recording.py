@@ -34,7 +34,7 @@ from ._exceptions import DispatchInterrupted, HookBlocked
 from ._plan import FIND_TOOLS, Plan, PlannedCall, call_key, canonical_json
 from ._registry import Registry
 from ._results import normalize_output
-from ._types import Allow, Decision, Deny, Interrupt, Status, ToolCall, ToolContext, ToolResult
+from ._types import Allow, Answer, Decision, Deny, Interrupt, Status, ToolCall, ToolContext, ToolResult
 
 if TYPE_CHECKING:
     from ._dispatcher import Dispatcher
@@ -102,6 +102,8 @@ def _decision_json(decision: Decision, secrets: set[str]) -> dict[str, Any]:
         return {"allow": None if decision.args is None else _redacted(decision.args, secrets)}
     if isinstance(decision, Deny):
         return {"deny": decision.reason}
+    if isinstance(decision, Answer):
+        return {"answer": redact_text(normalize_output(decision.content), secrets)}
     return {"interrupt": decision.reason}
 
 
@@ -348,9 +350,10 @@ async def replay(
             return Allow(found.get("allow"))
 
         calls = [c.get("unreadable", c) for c in batch["calls"]]
+        answers = {k: Answer(v["answer"]) for k, v in decisions.items() if "answer" in v}
         try:
             results = await session._dispatch(
-                calls, decisions=None, all_loaded=bool(batch.get("all_loaded")), runner=serve, gate=gate
+                calls, decisions=answers, all_loaded=bool(batch.get("all_loaded")), runner=serve, gate=gate
             )
         except _DivergenceSignal as signal:
             return ReplayReport(

@@ -32,6 +32,7 @@ from ._seams import CacheEntry
 from ._seams import ToolRunner as PublicRunner
 from ._types import (
     Allow,
+    Answer,
     Decision,
     Deny,
     HistoryEntry,
@@ -122,6 +123,7 @@ class Session:
         self._round = 0
         self._deadline = deadline
         self._planner_state.dedupe.clear()
+        self._planner_state.finished.clear()
 
     @property
     def run_id(self) -> int:
@@ -211,7 +213,7 @@ class Session:
         self,
         calls: Sequence[Any],
         *,
-        decisions: Mapping[str, Allow | Deny] | None = None,
+        decisions: Mapping[str, Allow | Deny | Answer] | None = None,
     ) -> list[ToolResult]:
         """Run one batch: one result per call, in call order, ids preserved."""
         return await self._dispatch(calls, decisions=decisions, all_loaded=False)
@@ -230,7 +232,7 @@ class Session:
         self,
         calls: Sequence[Any],
         *,
-        decisions: Mapping[str, Allow | Deny] | None,
+        decisions: Mapping[str, Allow | Deny | Answer] | None,
         all_loaded: bool,
         runner: ToolRunner | None = None,
         gate: Callable[..., Any] | None = None,
@@ -261,7 +263,7 @@ class Session:
         self,
         bound: _Binding,
         calls: Sequence[Any],
-        decisions: Mapping[str, Allow | Deny] | None,
+        decisions: Mapping[str, Allow | Deny | Answer] | None,
         all_loaded: bool,
         runner: ToolRunner | None,
         gate: Callable[..., Any] | None,
@@ -277,6 +279,7 @@ class Session:
             state=self._planner_state,
             has_cache=store is not None,
             session_id=self.id,
+            decisions=decisions,
             mode=self.mode,
             all_loaded=all_loaded,
             max_argument_bytes=d.max_argument_bytes,
@@ -297,6 +300,11 @@ class Session:
         found: Mapping[str, CacheEntry] = await self._look_up(wanted) if wanted else {}
         planner.resolve(drafts, found)
         gate_decisions = await self._gate(planner, drafts, decisions, gate or d.gate)
+        if decisions:  # the caller's answers are decisions the recording keeps too
+            answered = {dr.call_id for dr in drafts if not dr.duplicate}
+            for call_id, decision in decisions.items():
+                if isinstance(decision, Answer) and call_id in answered:
+                    gate_decisions.setdefault(call_id, decision)
         plan = planner.finish(drafts)
         if runner is None and d.runner is not None:
             runner = _public_runner(d.runner)
@@ -312,13 +320,16 @@ class Session:
             runner=runner,
         )
         want_events = bool(self._subscribers or d.on_result is not None)
+        cut = True  # until pass 2 returns without run control
         try:
             await executor.run(plan)
+            cut = bool(executor.control)
         finally:
             effects = commit(
                 plan,
                 executor.results,
                 started=executor.started,
+                cut=cut,
                 has_cache=store is not None,
                 run_id=self._run_id,
                 round=self._round,
@@ -416,7 +427,7 @@ class Session:
         self,
         planner: Planner,
         drafts: list[Draft],
-        decisions: Mapping[str, Allow | Deny] | None,
+        decisions: Mapping[str, Allow | Deny | Answer] | None,
         gate: Callable[..., Any] | None,
     ) -> dict[str, Decision]:
         """Every gate answered, in call order, before anything runs; then the first Interrupt raises."""
@@ -440,9 +451,12 @@ class Session:
                 planner.allow(draft, decision)
             elif isinstance(decision, Interrupt):
                 pending.append((draft.resolved_call(), decision.reason, decision.payload))
+            elif isinstance(decision, Answer):
+                planner.answer(draft, decision)
             else:
                 log.warning(
-                    "gate returned %s, not Allow, Deny or Interrupt; the call is denied", shown(decision)
+                    "gate returned %s, not Allow, Deny, Interrupt or Answer; the call is denied",
+                    shown(decision),
                 )
                 planner.deny(draft, f"the gate returned {shown(decision)}")
         if pending:

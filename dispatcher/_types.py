@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Allow",
+    "Answer",
     "Decision",
     "Deny",
     "HistoryEntry",
@@ -197,7 +198,15 @@ class Interrupt:
     payload: Any = None
 
 
-Decision = Allow | Deny | Interrupt
+@attrs.frozen
+class Answer:
+    """The call's result is `content`; nothing runs. Resumes an interrupted `ask_user`, or
+    answers any call: `dispatch(calls, decisions={call_id: Answer("yes")})`."""
+
+    content: str
+
+
+Decision = Allow | Deny | Interrupt | Answer
 
 
 class ContextHost(Protocol):

@@ -13,7 +13,7 @@ import pytest
 from builtin_tools import core_tool_names, default_registry
 from builtin_tools._workspace import Workspace
 from builtin_tools.files import FileTools
-from builtin_tools.meta import ASK_USER_ANSWERS, MetaTools
+from builtin_tools.meta import MetaTools
 from dispatcher._exceptions import DispatchInterrupted, ToolError
 from dispatcher._types import HistoryEntry, Status, ToolCall, ToolResult
 
@@ -170,17 +170,6 @@ async def test_ask_user_without_a_way_to_ask_interrupts(meta: MetaTools) -> None
     assert call == ToolCall(id="call_9", name="ask_user", arguments=args)
     assert reason == "ask_user"
     assert payload == {"question": "Deploy now?", "options": ["yes", "no"]}
-
-
-async def test_ask_user_returns_an_answer_given_after_the_interrupt(meta: MetaTools) -> None:
-    """An answer stored under the call id after an interrupt is returned once."""
-    session = FakeSession()
-    session.state[ASK_USER_ANSWERS] = {"call_9": "yes"}
-    ctx = tool_context("ask_user", session, call_id="call_9")
-    assert await meta.ask_user({"question": "Deploy now?"}, ctx) == "yes"
-    assert session.state[ASK_USER_ANSWERS] == {}
-    with pytest.raises(DispatchInterrupted):
-        await meta.ask_user({"question": "Deploy now?"}, ctx)
 
 
 async def test_ask_user_reports_a_missing_answer(meta: MetaTools) -> None:

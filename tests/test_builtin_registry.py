@@ -10,7 +10,7 @@ import pytest
 
 import builtin_tools
 from builtin_tools import GROUPS, core_tool_names, default_registry
-from dispatcher import Allow, Deny, Dispatcher, DispatchInterrupted, Status, Tool, ToolCall
+from dispatcher import Allow, Answer, Deny, Dispatcher, DispatchInterrupted, Status, Tool, ToolCall
 from dispatcher._exceptions import ToolDefinitionError
 
 from ._system import require_program
@@ -141,7 +141,8 @@ async def test_only_commands_that_may_write_reach_the_gate(ws: Path) -> None:
 
 
 async def test_ask_user_interrupts_the_dispatch_and_resumes_with_the_answer(ws: Path) -> None:
-    """With no way to ask, ask_user stops the batch; the answer given afterwards is returned."""
+    """With no way to ask, ask_user stops the batch; resumed with an Answer decision, the
+    answer is its result."""
     s = _session(ws)
     call = _call("q1", "ask_user", question="Which branch?")
     with anyio.fail_after(10):
@@ -149,8 +150,7 @@ async def test_ask_user_interrupts_the_dispatch_and_resumes_with_the_answer(ws: 
             await s.dispatch([call])
         [(pending, reason, payload)] = info.value.pending
         assert (pending.id, reason, payload["question"]) == ("q1", "ask_user", "Which branch?")
-        s.state["ask_user_answers"] = {"q1": "main"}
-        results = await s.dispatch([call])
+        results = await s.dispatch([call], decisions={"q1": Answer("main")})
     assert results[0].status is Status.ok and results[0].content == "main"
 
 

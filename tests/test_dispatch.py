@@ -36,6 +36,7 @@ def test_public_names_are_exactly_the_surface() -> None:
     """dispatcher.__all__ is exactly the public surface of DESIGN.md plus the named extras."""
     assert set(dispatcher.__all__) == {
         "Allow",
+        "Answer",
         "CacheEntry",
         "CachePolicy",
         "CacheStatistics",
@@ -88,17 +89,36 @@ async def test_results_come_back_in_call_order_with_ids() -> None:
     assert all(r.status is Status.ok for r in results)
 
 
-async def test_calls_that_share_an_id_run_side_by_side(autojump_clock: Any) -> None:
-    """Two concurrent calls of a batch with the same id (a model's slip) both run and answer."""
+async def test_a_repeated_call_id_is_that_calls_invalid_arguments(autojump_clock: Any) -> None:
+    """Two calls of a batch with the same id (a model's slip): the first runs, the second is
+    invalid_arguments naming the id, and nothing runs for it."""
     d, counter, _ = setup()
     s = d.session("s", mode="direct")
     calls = [openai_call("same", "nap", {"ms": 20}), openai_call("same", "nap", {"ms": 10})]
     results = await s.dispatch(calls)
-    assert [(r.call_id, r.content, r.status) for r in results] == [
-        ("same", "slept 20", Status.ok),
-        ("same", "slept 10", Status.ok),
-    ]
-    assert counter.most == 2
+    statuses = [(r.call_id, r.status) for r in results]
+    assert statuses == [("same", Status.ok), ("same", Status.invalid_arguments)]
+    assert results[0].content == "slept 20" and "duplicate call id 'same'" in results[1].content
+    assert counter.runs == [("nap", "20")]
+
+
+async def test_a_decision_is_never_shared_by_two_calls_with_one_id() -> None:
+    """decisions={"X": Allow()} approves only the first call with id X: a second, dangerous
+    call that reuses the id is refused, not run."""
+    ran: list[str] = []
+
+    def act(args: Mapping[str, Any], ctx: Any) -> str:
+        ran.append(args["cmd"])
+        return "done"
+
+    schema = {"type": "object", "properties": {"cmd": {"type": "string"}}}
+    reg = Registry([Tool("act", "Act.", act, schema, deferred=False, confirm=True)])
+    d = Dispatcher(reg, gate=lambda call, ctx: Interrupt("ask"))
+    s = d.session("s")
+    calls = [ToolCall("X", "act", {"cmd": "ls"}), ToolCall("X", "act", {"cmd": "rm -rf /"})]
+    results = await s.dispatch(calls, decisions={"X": Allow()})
+    assert ran == ["ls"]
+    assert results[1].status is Status.invalid_arguments
 
 
 def _nesting_registry(inner_runs: list[int], sync: bool) -> Registry:
