@@ -19,6 +19,7 @@ from ._registry import Registry, Tool
 from ._session import Session, SessionStatistics
 from ._types import (
     Allow,
+    BatchEvent,
     Deny,
     HistoryEntry,
     Interrupt,
@@ -32,6 +33,7 @@ from ._types import (
 
 __all__ = [
     "Allow",
+    "BatchEvent",
     "CachePolicy",
     "Deny",
     "DispatchInterrupted",

@@ -36,6 +36,7 @@ def test_public_names_are_exactly_the_surface() -> None:
     """dispatcher.__all__ is exactly the public surface of DESIGN.md plus the named extras."""
     assert set(dispatcher.__all__) == {
         "Allow",
+        "BatchEvent",
         "CachePolicy",
         "Deny",
         "DispatchInterrupted",
