@@ -169,6 +169,28 @@ async def test_a_denial_on_resume_refuses_the_call_without_running_it() -> None:
     assert "not on a Friday" in answer.content
 
 
+async def test_decisions_given_one_resume_at_a_time_add_up_and_each_call_runs_once() -> None:
+    """Resuming with a decision for one of two pending calls interrupts again for the
+    other alone; after the second resume the approved call has run once and the denied
+    one never."""
+    runs: list[str] = []
+    d = Dispatcher(_registry(runs), gate=lambda call, ctx: Interrupt("ask"))
+    replies = [
+        AIMessage("", tool_calls=[_ask("c1", "deploy", text="a"), _ask("c2", "deploy", text="b")]),
+        AIMessage("half shipped"),
+    ]
+    graph = _agent_graph(d, replies, InMemorySaver())
+    config = {"configurable": {"thread_id": "t1"}}
+    state = await graph.ainvoke({"messages": [HumanMessage("ship both")]}, config)
+    assert [p["call_id"] for p in state["__interrupt__"][0].value["pending"]] == ["c1", "c2"]
+    state = await graph.ainvoke(Command(resume={"c1": "allow"}), config)
+    assert [p["call_id"] for p in state["__interrupt__"][0].value["pending"]] == ["c2"]
+    assert runs == []
+    state = await graph.ainvoke(Command(resume={"c2": "deny"}), config)
+    assert runs == ["deploy:a"]
+    assert [(m.tool_call_id, m.status) for m in _tool_messages(state)] == [("c1", "success"), ("c2", "error")]
+
+
 class Fork(TypedDict, total=False):
     left: str
     right: str

@@ -96,7 +96,7 @@ async def test_each_call_gets_a_genai_span_under_its_batch_span(
     started = results[0].started
     assert started is not None
     assert span.start_time == int(started * 1e9)
-    assert span.end_time is not None and span.end_time - span.start_time >= 10_000_000  # it slept 10 ms
+    assert span.end_time is not None and span.end_time - span.start_time >= 9_000_000  # it slept 10 ms
 
 
 async def test_the_batch_span_carries_the_pass_timings_within_its_own_time(
@@ -123,7 +123,7 @@ async def test_the_batch_span_carries_the_pass_timings_within_its_own_time(
     }
     assert a["threepass.outcome"] == "ok"
     timings = [float(a[f"threepass.pass{n}.duration"]) for n in (1, 2, 3)]  # type: ignore[arg-type]
-    assert all(t >= 0 for t in timings) and timings[1] >= 0.01
+    assert all(t >= 0 for t in timings) and timings[1] >= 0.009  # echo sleeps 10 ms
     assert batch.start_time is not None and batch.end_time is not None
     assert abs((batch.end_time - batch.start_time) - sum(timings) * 1e9) < 1000  # ns, rounding only
     for span in _calls(spans).values():
