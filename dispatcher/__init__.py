@@ -22,6 +22,7 @@ from ._session import Session, SessionStatistics
 from ._types import (
     Allow,
     Answer,
+    BatchEvent,
     Deny,
     HistoryEntry,
     Interrupt,
@@ -36,6 +37,7 @@ from ._types import (
 __all__ = [
     "Allow",
     "Answer",
+    "BatchEvent",
     "CacheEntry",
     "CachePolicy",
     "CacheStatistics",

@@ -21,7 +21,7 @@ from ._registry import Registry
 from ._results import DEFAULT_MAX_OUTPUT_BYTES
 from ._seams import ResultCache, ToolRunner
 from ._session import Session
-from ._types import Allow, Answer, Deny, ToolCall, ToolResult
+from ._types import Allow, Answer, BatchEvent, Deny, ToolCall, ToolResult
 
 __all__ = ["DEFAULT_TIMEOUT", "Dispatcher", "default_limit"]
 
@@ -95,6 +95,15 @@ class Dispatcher:
         self._binding: _Binding | None = None
         self._sessions: dict[str, Session] = {}
         self._private: Session | None = None
+        self._batch_subscribers: list[Callable[[BatchEvent], Any]] = []
+
+    def subscribe_batches(self, fn: Callable[[BatchEvent], Any]) -> Callable[[], None]:
+        """Call `fn(event)` (sync or async, and quick: it is awaited shielded from
+        cancellation) with a `BatchEvent` after every batch of every session, including
+        those cut short; returns an unsubscribe. For observers of the whole dispatcher
+        (tracing, metrics), which attach after it is made: `dispatcher.otel` is one."""
+        self._batch_subscribers.append(fn)
+        return lambda: self._batch_subscribers.remove(fn)
 
     def _bind(self) -> _Binding:
         """The loop this dispatcher belongs to: the first one to use it."""
@@ -151,13 +160,22 @@ class Dispatcher:
         session: Session | None = None,
         call_id: str | None = None,
         decisions: Mapping[str, Allow | Deny | Answer] | None = None,
+        static: Mapping[str, Any] | None = None,
+        input: Any = None,
     ) -> ToolResult:
         """Call one tool from code. Every tool counts as loaded; validation, gate, dedupe,
-        cache, history and recording are as for a model's call."""
+        cache, history and recording are as for a model's call.
+
+        For a deterministic step of a pipeline: `static` (the step's fixed configuration)
+        is merged under `args`, and `input` (the previous step's output), unless None, is
+        passed as `args["input"]`."""
         if session is None:
             if self._private is None:
                 self._private = Session(self, "invoke", mode="direct")
             session = self._private
-        call = ToolCall(id=call_id or session.next_call_id(), name=name, arguments=dict(args or {}))
+        arguments = {**(static or {}), **(args or {})}
+        if input is not None:
+            arguments["input"] = input
+        call = ToolCall(id=call_id or session.next_call_id(), name=name, arguments=arguments)
         results = await session._dispatch([call], decisions=decisions, all_loaded=True)
         return results[0]

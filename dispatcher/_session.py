@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ import anyio.to_thread
 import attrs
 
 from ._commit import CommitEffects, commit, land
-from ._exceptions import DispatchInterrupted
+from ._exceptions import DispatchInterrupted, HookBlocked
 from ._execute import Executor, ToolRunner, _maybe_await
 from ._history import DEFAULT_HISTORY_LIMIT, History
 from ._plan import FIND_TOOLS, RUN_TOOL, Draft, Plan, PlannedCall, Planner, PlannerState
@@ -33,6 +34,7 @@ from ._seams import ToolRunner as PublicRunner
 from ._types import (
     Allow,
     Answer,
+    BatchEvent,
     Decision,
     Deny,
     HistoryEntry,
@@ -270,6 +272,7 @@ class Session:
     ) -> list[ToolResult]:
         calls = list(calls)  # once: the planner and the recording read the same calls
         d = self.dispatcher
+        began, t0 = time.time(), time.monotonic()  # the pass timings of a BatchEvent
         self._round += 1
         self._rounds_total += 1
         store = d.cache
@@ -299,13 +302,19 @@ class Session:
         wanted = planner.lookups(drafts)
         found: Mapping[str, CacheEntry] = await self._look_up(wanted) if wanted else {}
         planner.resolve(drafts, found)
-        gate_decisions = await self._gate(planner, drafts, decisions, gate or d.gate)
+        try:
+            gate_decisions = await self._gate(planner, drafts, decisions, gate or d.gate)
+        except DispatchInterrupted:
+            if d._batch_subscribers:
+                await self._tell_batch(self._batch_event((), (), frozenset(), "interrupted", began, t0))
+            raise
         if decisions:  # the caller's answers are decisions the recording keeps too
             answered = {dr.call_id for dr in drafts if not dr.duplicate}
             for call_id, decision in decisions.items():
                 if isinstance(decision, Answer) and call_id in answered:
                     gate_decisions.setdefault(call_id, decision)
         plan = planner.finish(drafts)
+        t1 = time.monotonic()
         if runner is None and d.runner is not None:
             runner = _public_runner(d.runner)
         executor = Executor(
@@ -320,16 +329,19 @@ class Session:
             runner=runner,
         )
         want_events = bool(self._subscribers or d.on_result is not None)
-        cut = True  # until pass 2 returns without run control
+        escaped = ""  # what ended pass 2 early (an outcome of BatchEvent), if anything did
         try:
             await executor.run(plan)
-            cut = bool(executor.control)
+        except BaseException as exc:
+            escaped = _cut_by(exc)
+            raise
         finally:
+            t2 = time.monotonic()
             effects = commit(
                 plan,
                 executor.results,
                 started=executor.started,
-                cut=cut,
+                cut=bool(escaped or executor.control),
                 has_cache=store is not None,
                 run_id=self._run_id,
                 round=self._round,
@@ -344,6 +356,20 @@ class Session:
                 # shielded: a batch cut short by cancellation still lands what finished
                 with anyio.CancelScope(shield=True):
                     await self._write_out(effects, calls, plan, gate_decisions, executor, all_loaded)
+            if d._batch_subscribers:
+                # delivered shielded and from this finally, so a cancelled batch is reported too
+                with anyio.CancelScope(shield=True):
+                    event = self._batch_event(
+                        tuple(p.call for p in plan.calls),
+                        effects.results,
+                        frozenset(executor.started),
+                        escaped or _outcome_of(executor.control.first()),
+                        began,
+                        t0,
+                        t1,
+                        t2,
+                    )
+                    await self._tell_batch(event)
         if want_events:
             await self._deliver(effects.events)
         control = executor.control.first()
@@ -463,6 +489,34 @@ class Session:
             raise DispatchInterrupted(pending)
         return taken
 
+    def _batch_event(
+        self,
+        calls: tuple[ToolCall, ...],
+        results: tuple[ToolResult | None, ...],
+        ran: frozenset[int],
+        outcome: str,
+        began: float,
+        t0: float,
+        t1: float | None = None,
+        t2: float | None = None,
+    ) -> BatchEvent:
+        """A BatchEvent ending now; `t1`/`t2` (pass 1 and pass 2 over) are None for a batch
+        that stopped in pass 1."""
+        now = time.monotonic()
+        t1 = now if t1 is None else t1
+        t2 = now if t2 is None else t2
+        return BatchEvent(
+            self.id, self._run_id, self._round, calls, results, ran, began, t1 - t0, t2 - t1, now - t2,
+            outcome,
+        )  # fmt: skip
+
+    async def _tell_batch(self, event: BatchEvent) -> None:
+        for fn in list(self.dispatcher._batch_subscribers):
+            try:
+                await _maybe_await(fn(event))
+            except Exception:
+                log.warning("batch subscriber %s raised; ignored", shown(fn), exc_info=True)
+
     async def _deliver(self, events: Sequence[ToolResultEvent]) -> None:
         targets = list(self._subscribers)
         if self.dispatcher.on_result is not None:
@@ -476,3 +530,23 @@ class Session:
 
     def next_call_id(self) -> str:
         return f"invoke_{self.id}_{next(self._ids)}"
+
+
+def _outcome_of(control: BaseException | None) -> str:
+    """A BatchEvent's outcome for the run control a batch ended with (None: it ran out)."""
+    if control is None:
+        return "ok"
+    if isinstance(control, DispatchInterrupted):
+        return "interrupted"
+    if isinstance(control, HookBlocked):
+        return "blocked"
+    return "error"
+
+
+def _cut_by(exc: BaseException) -> str:
+    """A BatchEvent's outcome for what escaped pass 2: "cancelled" for the loop's
+    cancellation (on trio, a group of them from a group of calls), else "error"."""
+    cancelled = anyio.get_cancelled_exc_class()
+    if isinstance(exc, BaseExceptionGroup):
+        return "cancelled" if exc.split(cancelled)[1] is None else "error"
+    return "cancelled" if isinstance(exc, cancelled) else "error"

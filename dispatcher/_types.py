@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Allow",
     "Answer",
+    "BatchEvent",
     "Decision",
     "Deny",
     "HistoryEntry",
@@ -294,6 +295,34 @@ class ToolResultEvent:
     index: int
     call: ToolCall
     result: ToolResult
+
+
+@attrs.frozen
+class BatchEvent:
+    """One batch, after pass 3 — also when it was cut short — for observers of a whole
+    dispatcher (tracing, metrics): `Dispatcher.subscribe_batches(fn)`.
+
+    `calls` are as they ran (after `run_tool` and rewriters), `results` one per call, None
+    for a call that never finished (the batch was cancelled or blocked first); `ran` holds
+    the indices whose handler started. `started` is wall-clock UTC seconds; `pass1` (from
+    the batch's start through the gates to the finished plan), `pass2` (the executor) and
+    `pass3` (commit, the store's writes, the recording) are monotonic seconds. `outcome`
+    is "ok", "interrupted" (a gate or a tool asked for a human), "blocked" (a hook
+    refused), "cancelled" (the caller's scope was cancelled) or "error" (anything else,
+    such as KeyboardInterrupt). A batch a gate interrupted ran nothing: its `calls` and
+    `results` are empty, and `pass2` and `pass3` are 0."""
+
+    session_id: str
+    run_id: int
+    round: int
+    calls: tuple[ToolCall, ...]
+    results: tuple[ToolResult | None, ...]
+    ran: frozenset[int]
+    started: float
+    pass1: float
+    pass2: float
+    pass3: float
+    outcome: str
 
 
 @attrs.frozen

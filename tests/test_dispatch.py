@@ -37,6 +37,7 @@ def test_public_names_are_exactly_the_surface() -> None:
     assert set(dispatcher.__all__) == {
         "Allow",
         "Answer",
+        "BatchEvent",
         "CacheEntry",
         "CachePolicy",
         "CacheStatistics",

@@ -3,11 +3,24 @@ and a store's fault never fails a call."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import anyio
+import anyio.lowlevel
+import pytest
+
 from cache import CacheEntry, CachePolicy, CacheWrite, MemoryResultCache
-from dispatcher import Dispatcher, Registry, Tool, ToolCall
+from dispatcher import (
+    BatchEvent,
+    Dispatcher,
+    DispatchInterrupted,
+    Interrupt,
+    Registry,
+    Tool,
+    ToolCall,
+)
 
 from ._fakes import file_at_path, path_schema
 
@@ -104,3 +117,117 @@ async def test_a_failing_store_fails_no_call() -> None:
     assert w.ok
     [after] = await s.dispatch([fetch("a", "c4")])
     assert after.ok and not after.deduped and calls == ["a", "a"]
+
+
+# -- the per-batch event ------------------------------------------------------------------
+
+
+def _batch_registry() -> Registry:
+    async def echo(args: Mapping[str, Any], ctx: Any) -> str:
+        return str(args["text"])
+
+    async def hang(args: Mapping[str, Any], ctx: Any) -> str:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    text = {"type": "object", "properties": {"text": {"type": "string"}}}
+    return Registry(
+        [
+            Tool("echo", "Echo.", echo, text, concurrent=True, deferred=False),
+            Tool("hang", "Never returns.", hang, {"type": "object"}, concurrent=True, deferred=False),
+            Tool("ask", "Needs a human.", echo, text, deferred=False, confirm=True),
+        ]
+    )
+
+
+async def test_a_batch_event_carries_every_call_its_result_and_the_pass_timings() -> None:
+    """After a batch, a batch subscriber sees every call, its result (a deduped one too), the
+    indices that ran, and three pass timings that add up to no more than the batch took."""
+    d = Dispatcher(_batch_registry())
+    seen: list[BatchEvent] = []
+    d.subscribe_batches(seen.append)
+    s = d.session("s1")
+    before = time.time()
+    results = await s.dispatch([ToolCall("a", "echo", {"text": "x"}), ToolCall("b", "echo", {"text": "x"})])
+    took = time.time() - before
+    (event,) = seen
+    assert (event.session_id, event.run_id, event.round, event.outcome) == ("s1", 1, 1, "ok")
+    assert [c.id for c in event.calls] == ["a", "b"]
+    assert event.results == tuple(results)
+    assert event.ran == frozenset({0})  # b is a's follower: it never ran
+    assert event.results[1] is not None and event.results[1].deduped
+    assert before <= event.started <= before + took
+    assert min(event.pass1, event.pass2, event.pass3) >= 0
+    assert event.pass1 + event.pass2 + event.pass3 <= took
+
+
+async def test_a_gate_interrupt_is_reported_as_an_interrupted_batch_that_ran_nothing() -> None:
+    """A batch stopped by a gate's Interrupt is reported with outcome "interrupted" and no calls."""
+    d = Dispatcher(_batch_registry(), gate=lambda call, ctx: Interrupt("ask a human"))
+    seen: list[BatchEvent] = []
+    d.subscribe_batches(seen.append)
+    with pytest.raises(DispatchInterrupted):
+        await d.session("s1").dispatch([ToolCall("a", "ask", {"text": "x"})])
+    (event,) = seen
+    assert (event.outcome, event.calls, event.results, event.pass2, event.pass3) == (
+        "interrupted",
+        (),
+        (),
+        0.0,
+        0.0,
+    )
+
+
+async def test_a_cancelled_batch_is_reported_with_its_unfinished_calls() -> None:
+    """Cancelling the caller still delivers the batch event (async subscribers included):
+    outcome "cancelled", the finished call's result, None for the one cut short."""
+    d = Dispatcher(_batch_registry())
+    seen: list[BatchEvent] = []
+
+    async def observe(event: BatchEvent) -> None:
+        await anyio.lowlevel.checkpoint()  # would raise if the delivery were not shielded
+        seen.append(event)
+
+    d.subscribe_batches(observe)
+    with anyio.move_on_after(0.2) as scope:
+        await d.session("s1").dispatch([ToolCall("a", "echo", {"text": "x"}), ToolCall("b", "hang", {})])
+    assert scope.cancelled_caught
+    (event,) = seen
+    assert event.outcome == "cancelled"
+    assert event.ran == frozenset({0, 1})
+    assert event.results[0] is not None and event.results[0].content == "x"
+    assert event.results[1] is None
+
+
+async def test_a_faulty_batch_subscriber_is_logged_and_unsubscribing_stops_delivery() -> None:
+    """A batch subscriber that raises never fails the batch; after unsubscribing it is not called."""
+    d = Dispatcher(_batch_registry())
+    calls: list[int] = []
+
+    def broken(event: BatchEvent) -> None:
+        calls.append(event.round)
+        raise RuntimeError("observer broke")
+
+    stop = d.subscribe_batches(broken)
+    s = d.session("s1")
+    (result,) = await s.dispatch([ToolCall("a", "echo", {"text": "x"})])
+    assert result.ok
+    stop()
+    await s.dispatch([ToolCall("b", "echo", {"text": "y"})])
+    assert calls == [1]
+
+
+async def test_invoke_merges_static_configuration_under_the_arguments_and_threads_input() -> None:
+    """`invoke(static=..., input=...)`: the arguments override static keys, and `input` is
+    passed as args["input"]; None passes no input."""
+    seen: list[Mapping[str, Any]] = []
+
+    def step(args: Mapping[str, Any], ctx: Any) -> str:
+        seen.append(dict(args))
+        return "ok"
+
+    d = Dispatcher(Registry([Tool("step", "A step.", step, {"type": "object"}, deferred=False)]))
+    static = {"expression": "$.x", "language": "jsonpath"}
+    await d.invoke("step", {"language": "jq"}, static=static, input=[1])
+    await d.invoke("step", static={"expression": "$.y"})
+    assert seen == [{"expression": "$.x", "language": "jq", "input": [1]}, {"expression": "$.y"}]
