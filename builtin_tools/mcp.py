@@ -37,6 +37,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -125,45 +126,42 @@ class _Connection:
         self.ok += 1
         return value
 
-    def _unavailable(self) -> ToolError | None:
-        if self.state == "closed" or self.client is None:
-            return ToolError(
-                f"the MCP server {self.server!r} is closed: its tools work only inside `open_mcp`",
-                retryable=False,
-            )
+    def _refusal(self) -> ToolError:
+        """Why a call cannot reach the server (once it is closed or gone)."""
         if self.state == "gone":
             return ToolError(
                 f"the MCP server {self.server!r} is gone ({self.gone_reason}); open it again",
                 retryable=False,
             )
-        return None
+        return ToolError(
+            f"the MCP server {self.server!r} is closed: its tools work only inside `open_mcp`",
+            retryable=False,
+        )
 
     async def _call(self, tool: str, args: Mapping[str, Any], ctx: ToolContext, retryable: bool) -> Any:
-        unavailable = self._unavailable()
-        if unavailable is not None:
-            raise unavailable
-        assert self.client is not None
+        client = self.client
+        if self.state != "open" or client is None:
+            raise self._refusal()
         meta = self._meta_for(ctx)
         try:
-            result = await self.client.call_tool(tool, dict(args), meta=meta)
+            result = await client.call_tool(tool, dict(args), meta=meta)
         except MCPError as exc:
             if exc.code != CONNECTION_CLOSED:
                 raise ToolError(
                     f"the MCP server {self.server!r} answered {tool} with error {exc.code}: {exc.message}",
                     retryable=retryable,
                 ) from exc
-            if self.state == "closed":
-                raise self._unavailable() or ToolError("closed") from exc
+            if self.state != "open":  # closed by the block's end while this call was waiting
+                raise self._refusal() from exc
             self._mark_gone("it closed the connection: exited or crashed")
             raise ToolError(
-                f"the MCP server {self.server!r} closed the connection during {tool} "
+                f"the MCP server {self.server!r} closed the connection before answering {tool} "
                 f"(it exited or crashed){await self._stderr_note()}",
                 retryable=False,
             ) from exc
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
-            if self.state != "closed":
-                self._mark_gone("its connection broke")
-            raise self._unavailable() or ToolError("closed") from exc
+            self._mark_gone("its connection broke")
+            raise self._refusal() from exc
         except Exception as exc:
             raise ToolError(
                 f"the MCP server {self.server!r} failed {tool}: {type(exc).__name__}: {exc}",
@@ -272,16 +270,18 @@ async def open_mcp(
     `https://` URL of a streamable HTTP endpoint (then `headers` go with every request).
     `name` is the server's namespace (default: the name it gives itself); `prefix=True`
     names the tools `<name>__<tool>`. `deferred` and `call_timeout` (a `Tool`'s `timeout`)
-    apply to every tool. The server's stderr goes to `errlog` (default: a temporary file whose last
-    lines are quoted when the server fails). Raises `MCPServerError` when the server cannot
-    be started or reached, or does not complete its handshake within `start_timeout`.
+    apply to every tool. `meta(ctx)` gives the `_meta` of each tools/call request (a
+    dict, or None for none); a hook that raises is logged and the call goes without.
+    The server's stderr goes to `errlog` (default: a temporary file, whose last lines are
+    quoted when the server fails). Raises `MCPServerError` when the server cannot be
+    started or reached, or does not complete its handshake within `start_timeout`.
     """
     url = _is_url(command)
     if url and (args or env or cwd is not None):
         raise ValueError(f"args, env and cwd are for a command, not a URL; got {command!r}")
     if not url and headers:
         raise ValueError(f"headers are for a URL, not a command; got {command!r}")
-    label = command if url else " ".join([os.path.basename(command), *args])
+    label = command if url else shlex.join([command, *args])
     own_stderr = None if url or errlog is not None else await anyio.to_thread.run_sync(_temporary_log)
     try:
         # One scope around the whole lifetime: the client's task group is entered during the

@@ -261,6 +261,24 @@ async def test_closing_stops_the_server_and_later_calls_fail() -> None:
     assert tools.statistics().state == "closed"
 
 
+async def test_a_call_in_flight_when_the_block_ends_is_failed_as_closed() -> None:
+    """A 10 s nap still running when its `open_mcp` block ends is failed, saying the server
+    is closed, as soon as the block has closed."""
+    results: list[Any] = []
+    t0 = time.monotonic()
+    async with anyio.create_task_group() as tg, _served(sys.executable, [PROBE]) as tools:
+        d = _dispatcher(tools)
+
+        async def nap() -> None:
+            results.append(await _one(d, "nap", {"seconds": 10}))
+
+        tg.start_soon(nap)
+        await anyio.sleep(0.3)
+    [r] = results
+    assert r.status == Status.failed and "the MCP server 'probe' is closed" in r.content
+    assert time.monotonic() - t0 < 6 and _server_pids() == set()
+
+
 async def test_a_killed_server_fails_its_calls_then_every_later_one(repo: Path) -> None:
     """kill -9 of the git server: the next call is failed, saying the server closed the
     connection; the one after says it is gone."""
@@ -272,7 +290,7 @@ async def test_a_killed_server_fails_its_calls_then_every_later_one(repo: Path) 
         os.kill(pid, signal.SIGKILL)
         first = await _one(d, "git_log", path, session="s2")
         assert first.status == Status.failed and first.retryable is False
-        assert "the MCP server 'git' closed the connection during git_log" in first.content
+        assert "the MCP server 'git' closed the connection before answering git_log" in first.content
         later = await _one(d, "git_diff_unstaged", path, session="s3")
         assert later.status == Status.failed and "the MCP server 'git' is gone" in later.content
         assert tools.statistics().state == "gone"
@@ -292,7 +310,7 @@ async def test_a_server_killed_mid_call_fails_that_call_at_once() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(kill_soon)
             r = await _one(d, "nap", {"seconds": 10})
-        assert r.status == Status.failed and "closed the connection during nap" in r.content
+        assert r.status == Status.failed and "closed the connection before answering nap" in r.content
         assert time.monotonic() - t0 < 3
 
 
