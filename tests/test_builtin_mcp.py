@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import mcp_types
 import pytest
 
-from builtin_tools.mcp import MCPServerError, MCPTools, open_mcp
+from builtin_tools.mcp import MCPServerError, MCPTools, _Connection, _content_of, _tool_for, open_mcp
 from dispatcher import Deny, Dispatcher, Registry, Status, ToolCall, ToolContext
 
 PROBE = str(Path(__file__).parent / "data" / "mcp_server.py")
@@ -243,6 +244,43 @@ async def test_the_meta_hook_is_sent_as_meta_on_each_call() -> None:
         [untraced] = await s.dispatch([ToolCall("broken", "echo_meta", {})])
         assert "'traceparent': '00-c1-01'" in traced.content and seen == ["c1", "broken"]
         assert untraced.status == Status.ok and "traceparent" not in untraced.content
+
+
+def test_every_content_block_becomes_text() -> None:
+    """Resource links, embedded resources (a text one with its text) and audio are described."""
+    result = mcp_types.CallToolResult(
+        content=[
+            mcp_types.ResourceLink(uri="file:///a.txt", name="a", mime_type="text/plain"),
+            mcp_types.EmbeddedResource(
+                resource=mcp_types.TextResourceContents(uri="file:///b.txt", text="bee")
+            ),
+            mcp_types.EmbeddedResource(
+                resource=mcp_types.BlobResourceContents(uri="file:///c.bin", blob="AAAA", mime_type="x/y")
+            ),
+            mcp_types.AudioContent(data="AAAAAA==", mime_type="audio/wav"),
+        ]
+    )
+    assert _content_of(result).split("\n") == [
+        "[resource link file:///a.txt text/plain: a]",
+        "[resource file:///b.txt]",
+        "bee",
+        "[resource file:///c.bin x/y, 3 bytes]",
+        "[audio audio/wav, 4 bytes]",
+    ]
+
+
+def test_tool_names_are_made_safe_and_unusable_schemas_skipped() -> None:
+    """A listed name with characters a Tool refuses gets `_` for them; a tool whose schema
+    is not a valid JSON schema is left out (with a logged warning) rather than failing the open."""
+    connection = _Connection(server="my_server")
+    odd = mcp_types.Tool(name="files/read", input_schema={"type": "object"})
+    tool = _tool_for(odd, connection, prefix=True, deferred=True, timeout=None, trust_annotations=True)
+    assert tool is not None and tool.name == "my_server__files_read"
+    broken = mcp_types.Tool(name="bad", input_schema={"type": "object", "properties": {"x": {"type": 12}}})
+    assert (
+        _tool_for(broken, connection, prefix=False, deferred=True, timeout=None, trust_annotations=True)
+        is None
+    )
 
 
 # -- lifetime and failure ------------------------------------------------------------------
