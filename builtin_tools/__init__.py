@@ -8,6 +8,9 @@
 - meta (always loaded): reasoning_guide, write_todo, chat_history, ask_user, write_result
 - calculate: calculate
 
+MCP servers are a tool source of their own: `builtin_tools.mcp.open_mcp` (the
+`threepass[mcp]` extra), never imported from here, so the SDK stays optional.
+
 `find_tools` and `run_tool` are not here: every session supplies them.
 """
 
