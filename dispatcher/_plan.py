@@ -837,6 +837,9 @@ class Planner:
                 writers.append((d.index, d.writes))
 
     def finish(self, drafts: Sequence[Draft]) -> Plan:
+        """Freeze the batch after the gates: calls whose arguments an Allow changed reopen
+        what was decided from them (`_reopen_stale`), every call becomes a PlannedCall, and
+        the runnable ones are grouped for pass 2 (`group_calls`)."""
         if self._writes_moved:
             self._reopen_stale(drafts)
         calls: list[PlannedCall] = []

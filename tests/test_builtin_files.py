@@ -8,8 +8,9 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import pytest
-import trio
 
 from builtin_tools import default_registry
 from builtin_tools._workspace import Workspace
@@ -331,8 +332,8 @@ async def test_find_files_with_many_wildcards_answers_at_once(
     """Many `*` or `**` never make matching exponential (it would hold the event loop)."""
     (ws / name).parent.mkdir(parents=True, exist_ok=True)
     (ws / name).write_text("x")
-    with trio.fail_after(2):
-        out = await trio.to_thread.run_sync(
+    with anyio.fail_after(2):
+        out = await anyio.to_thread.run_sync(
             lambda: _call(tools, "find_files", pattern=pattern), abandon_on_cancel=True
         )
     assert out.startswith("no files match")

@@ -13,9 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import attrs
 import pytest
-import trio
 
 from builtin_tools._workspace import Workspace
 from builtin_tools.files import FileTools
@@ -284,11 +285,11 @@ async def test_download_file_never_writes_through_a_swapped_folder(scene: _Scene
     tally = _Tally()
     scene.start()
     try:
-        with trio.fail_after(30):
-            deadline = trio.current_time() + _SECONDS
-            while tally.tries < _TRIES and trio.current_time() < deadline:
+        with anyio.fail_after(30):
+            deadline = anyio.current_time() + _SECONDS
+            while tally.tries < _TRIES and anyio.current_time() < deadline:
                 tally.tries += 1
-                before = await trio.to_thread.run_sync(scene.snapshot)
+                before = await anyio.to_thread.run_sync(scene.snapshot)
                 try:
                     await web.download_file(
                         {"url": slow_server, "path": "d/file.bin"}, tool_context("download_file")
@@ -300,10 +301,10 @@ async def test_download_file_never_writes_through_a_swapped_folder(scene: _Scene
                     tally.crash = tally.crash or repr(exc)
                 else:
                     tally.ok += 1
-                if await trio.to_thread.run_sync(scene.snapshot) != before:
+                if await anyio.to_thread.run_sync(scene.snapshot) != before:
                     tally.escapes += 1
     finally:
-        await trio.to_thread.run_sync(scene.finish)
+        await anyio.to_thread.run_sync(scene.finish)
     assert (tally.escapes, tally.crashed) == (0, 0), tally
     assert tally.ok > 0, tally
     assert (scene.root / "d/file.bin").read_bytes() == _BODY

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
-import trio
 
 import builtin_tools
 from builtin_tools import shell
@@ -51,7 +51,7 @@ def listener() -> Iterator[int]:
 
 async def _run(ws: Path, command: str, **options: Any) -> str:
     tools = ShellTools(Workspace(ws), **options)
-    with trio.fail_after(10):
+    with anyio.fail_after(10):
         return await tools.run_command({"command": command}, tool_context("run_command"))
 
 
@@ -275,7 +275,7 @@ async def test_sandbox_read_only_paths_show_a_host_folder_read_only(
 async def test_a_pipeline_whose_reader_stops_early_ends(ws: Path, bwrap: str) -> None:
     """`cat big | head -1` ends when head does: the writer is not left blocked on the pipe."""
     (ws / "big.txt").write_text("line\n" * 2_000_000)
-    start = trio.current_time()
+    start = anyio.current_time()
     out = await _run(ws, "cat big.txt | head -1")
     assert out.splitlines()[:3] == ["exit code: 0", "stdout:", "line"]
-    assert trio.current_time() - start < 5
+    assert anyio.current_time() - start < 5
