@@ -120,7 +120,26 @@ _SCHEMA: Final = (
     "CREATE INDEX IF NOT EXISTS threepass_reads_key ON threepass_reads (key)",
     "CREATE TRIGGER IF NOT EXISTS threepass_reads_forget AFTER DELETE ON Cache"
     " FOR EACH ROW BEGIN DELETE FROM threepass_reads WHERE key = OLD.key; END",
+    # the invalidation epochs: a counter, and the epoch each resource was last moved at
+    "CREATE TABLE IF NOT EXISTS threepass_epoch (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS threepass_moved ("
+    " resource BLOB PRIMARY KEY, epoch INTEGER NOT NULL, at REAL NOT NULL"
+    ") WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS threepass_moved_at ON threepass_moved (at)",
 )
+_EPOCH: Final = "SELECT value FROM threepass_epoch WHERE name = 'epoch'"
+_FORGOTTEN: Final = "SELECT value FROM threepass_epoch WHERE name = 'forgotten'"
+_BUMP: Final = (
+    "INSERT INTO threepass_epoch (name, value) VALUES ('epoch', 1)"
+    " ON CONFLICT (name) DO UPDATE SET value = value + 1"
+)
+_MOVE: Final = (
+    "INSERT INTO threepass_moved (resource, epoch, at) VALUES (?, ?, ?)"
+    " ON CONFLICT (resource) DO UPDATE SET epoch = excluded.epoch, at = excluded.at"
+)
+# Moves older than this are forgotten (no read runs that long); a write whose read began
+# before the oldest kept move is refused, as what moved since is no longer known.
+_MOVED_KEPT_SECONDS: Final = 3600.0
 _FORGET_READS: Final = "DELETE FROM threepass_reads WHERE key = ?"
 _REMEMBER_READ: Final = "INSERT OR IGNORE INTO threepass_reads (resource, key) VALUES (?, ?)"
 _SELECT_VALUE: Final = (
@@ -193,6 +212,25 @@ def _drop_overlapping(con: sqlite3.Connection, resources: list[str]) -> tuple[in
         ]
         dropped += con.execute(f"DELETE FROM Cache WHERE key IN ({keys})", params).rowcount
     return dropped, files
+
+
+def _value(con: sqlite3.Connection, query: str) -> int:
+    row = con.execute(query).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _moved_since(con: sqlite3.Connection, reads: frozenset[str], since: int) -> bool:
+    """Whether an invalidation after epoch `since` moved a resource overlapping `reads`."""
+    for resource in reads:
+        x = _index_form(resource)
+        above = tuple(x[:i] for i in range(len(x)) if x[i : i + 1] == b"/")
+        query = "SELECT EXISTS (SELECT 1 FROM threepass_moved WHERE epoch > ? AND (resource = ?"
+        query += " OR (resource >= ? AND resource < ?)"
+        if above:
+            query += f" OR resource IN ({', '.join('?' * len(above))})"
+        if con.execute(query + "))", (since, x, x + b"/", x + b"0", *above)).fetchone()[0]:
+            return True
+    return False
 
 
 def _encode(content: str, reads: frozenset[str], stored_at: float, expires_at: float) -> bytes:
@@ -394,8 +432,14 @@ class DiskResultCache:
         """Keep `content` under `key` for `ttl` seconds, remembering what it read."""
         await self.set_many([CacheWrite(key, content, ttl, frozenset(reads))])
 
-    async def set_many(self, writes: Sequence[CacheWrite]) -> None:
-        await anyio.to_thread.run_sync(self.set_many_sync, writes)
+    async def set_many(self, writes: Sequence[CacheWrite], *, since: int | None = None) -> None:
+        await anyio.to_thread.run_sync(lambda: self.set_many_sync(writes, since=since))
+
+    async def epoch(self) -> int:
+        return await anyio.to_thread.run_sync(self.epoch_sync)
+
+    async def moved_since(self, epoch: int) -> frozenset[str] | None:
+        return await anyio.to_thread.run_sync(self.moved_since_sync, epoch)
 
     async def invalidate(self, resources: Iterable[str]) -> int:
         return await anyio.to_thread.run_sync(self.invalidate_sync, list(resources))
@@ -473,17 +517,23 @@ class DiskResultCache:
     def set_sync(self, key: str, content: str, *, ttl: float, reads: Iterable[str] = ()) -> None:
         self.set_many_sync([CacheWrite(key, content, ttl, frozenset(reads))])
 
-    def set_many_sync(self, writes: Sequence[CacheWrite]) -> None:
-        """Every write in one transaction (one commit, not one per entry)."""
+    def set_many_sync(self, writes: Sequence[CacheWrite], *, since: int | None = None) -> None:
+        """Every write in one transaction (one commit, not one per entry), except one whose
+        reads an invalidation after epoch `since` moved (from this or another process)."""
         store = self._store
         live = [w for w in writes if w.ttl > 0]  # an entry born expired could serve nothing
         if store is None or not live:
             return
         now = self._clock()
+        kept = 0
         try:
             with store.transact():
                 con = _connection(store)
+                forgotten = since is not None and since < _value(con, _FORGOTTEN)
                 for w in live:
+                    if since is not None and (forgotten or _moved_since(con, w.reads, since)):
+                        self._counters.raced += 1
+                        continue
                     value = _encode(w.content, w.reads, now, now + w.ttl)
                     sweep_after = w.ttl + _SWEEP_GRACE if math.isfinite(w.ttl) else None
                     con.execute(_FORGET_READS, (w.key,))
@@ -491,24 +541,55 @@ class DiskResultCache:
                     # The rows go in first: should the size limit evict this very entry
                     # while storing it, the trigger takes its rows along.
                     store.set(w.key, value, expire=sweep_after)
+                    kept += 1
         except _STORE_FAILURES as exc:
             self._disable("write to", exc)
             return
-        self._counters.writes += len(live)
+        self._counters.writes += kept
+
+    def moved_since_sync(self, epoch: int) -> frozenset[str] | None:
+        store = self._store
+        if store is None:
+            return None
+        try:
+            con = _connection(store)
+            if epoch < _value(con, _FORGOTTEN):
+                return None
+            rows = con.execute("SELECT resource FROM threepass_moved WHERE epoch > ?", (epoch,))
+            return frozenset(bytes(r).decode("utf-8", "surrogatepass") for (r,) in rows)
+        except _STORE_FAILURES as exc:
+            self._disable("read the epochs of", exc)
+            return None
+
+    def epoch_sync(self) -> int:
+        store = self._store
+        if store is None:
+            return 0
+        try:
+            return _value(_connection(store), _EPOCH)
+        except _STORE_FAILURES as exc:
+            self._disable("read the epoch of", exc)
+            return 0
 
     def invalidate_sync(self, resources: Iterable[str]) -> int:
         store = self._store
         written = list(resources)
         if store is None or not written:
             return 0
+        wall_now = time.time()
         try:
             con = _connection(store)
-            # Most writes touch nothing cached: a plain read settles those without taking
-            # the write lock. Otherwise look again under the lock and delete what is there.
-            if not _anything_overlaps(con, written):
-                return 0
             with store.transact():
-                dropped, files = _drop_overlapping(con, written)
+                # the epoch moves on for every write, cached entries or none: a read that
+                # is running now must not store what it read before this write
+                con.execute(_BUMP)
+                epoch = _value(con, _EPOCH)
+                con.executemany(_MOVE, [(_index_form(r), epoch, wall_now) for r in written])
+                if epoch % 64 == 0:
+                    self._forget_old_moves(con, wall_now)
+                dropped, files = (
+                    _drop_overlapping(con, written) if _anything_overlaps(con, written) else (0, [])
+                )
             for name in files:  # only once the rows are gone for good
                 store.disk.remove(name)
         except _STORE_FAILURES as exc:
@@ -516,6 +597,18 @@ class DiskResultCache:
             return 0
         self._counters.invalidations += dropped
         return dropped
+
+    @staticmethod
+    def _forget_old_moves(con: sqlite3.Connection, wall_now: float) -> None:
+        cutoff = wall_now - _MOVED_KEPT_SECONDS
+        row = con.execute("SELECT MAX(epoch) FROM threepass_moved WHERE at < ?", (cutoff,)).fetchone()
+        if row and row[0] is not None:
+            con.execute(
+                "INSERT INTO threepass_epoch (name, value) VALUES ('forgotten', ?)"
+                " ON CONFLICT (name) DO UPDATE SET value = MAX(value, excluded.value)",
+                (row[0],),
+            )
+            con.execute("DELETE FROM threepass_moved WHERE at < ?", (cutoff,))
 
     def clear_sync(self) -> None:
         store = self._store

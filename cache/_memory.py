@@ -10,6 +10,8 @@ from ._protocol import CacheCounters, CacheEntry, CacheStatistics, CacheWrite
 
 __all__ = ["MemoryResultCache"]
 
+_MOVED_KEPT = 10_000
+
 
 class MemoryResultCache:
     """A `ResultCache` held in this process's memory. `clock` returns seconds (wall time)."""
@@ -19,6 +21,9 @@ class MemoryResultCache:
         self._max_entries = max_entries
         self._entries: dict[str, tuple[float, CacheEntry]] = {}
         self._counters = CacheCounters()
+        self._epoch = 0
+        self._moved: dict[str, int] = {}  # resource -> the epoch an invalidation moved it at
+        self._forgotten = 0  # moves up to this epoch are no longer kept
 
     # -- the async seam (nothing here waits: the dict is in this process) -----------------
 
@@ -33,11 +38,19 @@ class MemoryResultCache:
         """Keep `content` under `key` for `ttl` seconds."""
         self.set_sync(key, content, ttl=ttl, reads=reads)
 
-    async def set_many(self, writes: Sequence[CacheWrite]) -> None:
-        self.set_many_sync(writes)
+    async def set_many(self, writes: Sequence[CacheWrite], *, since: int | None = None) -> None:
+        self.set_many_sync(writes, since=since)
 
     async def invalidate(self, resources: Iterable[str]) -> int:
         return self.invalidate_sync(resources)
+
+    async def epoch(self) -> int:
+        return self._epoch
+
+    async def moved_since(self, epoch: int) -> frozenset[str] | None:
+        if epoch < self._forgotten:
+            return None
+        return frozenset(r for r, at in self._moved.items() if at > epoch)
 
     async def clear(self) -> None:
         self.clear_sync()
@@ -72,9 +85,14 @@ class MemoryResultCache:
     def set_sync(self, key: str, content: str, *, ttl: float, reads: Iterable[str] = ()) -> None:
         self.set_many_sync([CacheWrite(key, content, ttl, frozenset(reads))])
 
-    def set_many_sync(self, writes: Sequence[CacheWrite]) -> None:
+    def set_many_sync(self, writes: Sequence[CacheWrite], *, since: int | None = None) -> None:
         now = self._clock()
+        moved = [r for r, at in self._moved.items() if at > since] if since is not None else []
+        forgotten = since is not None and since < self._forgotten  # what moved since is unknown
         for w in writes:
+            if forgotten or (moved and resources_overlap(w.reads, moved)):
+                self._counters.raced += 1
+                continue
             if w.key not in self._entries and len(self._entries) >= self._max_entries:
                 # dicts keep insertion order: the oldest write goes first
                 del self._entries[next(iter(self._entries))]
@@ -83,6 +101,13 @@ class MemoryResultCache:
 
     def invalidate_sync(self, resources: Iterable[str]) -> int:
         written = list(resources)
+        if written:
+            self._epoch += 1
+            for resource in written:
+                self._moved[resource] = self._epoch
+            if len(self._moved) > _MOVED_KEPT:  # the oldest moves first: reads do not run that long
+                for old in sorted(self._moved, key=self._moved.__getitem__)[: len(self._moved) // 2]:
+                    self._forgotten = max(self._forgotten, self._moved.pop(old))
         doomed = [k for k, (_, e) in self._entries.items() if resources_overlap(e.reads, written)]
         for key in doomed:
             del self._entries[key]

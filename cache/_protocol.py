@@ -21,6 +21,7 @@ class CacheCounters:
     invalidations: int = 0
     expired: int = 0
     errors: int = 0
+    raced: int = 0
 
     def snapshot(self, entries: int) -> CacheStatistics:
         return CacheStatistics(
@@ -31,4 +32,5 @@ class CacheCounters:
             expired=self.expired,
             errors=self.errors,
             entries=entries,
+            raced=self.raced,
         )

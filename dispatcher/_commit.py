@@ -19,7 +19,7 @@ from ._policy import resources_overlap
 from ._seams import CacheWrite
 from ._types import Status, ToolResult, ToolResultEvent
 
-__all__ = ["CommitEffects", "commit", "land"]
+__all__ = ["CommitEffects", "commit", "forget_overlapping", "land"]
 
 
 @attrs.frozen
@@ -45,7 +45,8 @@ class CommitEffects:
     """A batch that completed: the kept calls it served, no longer needed."""
 
 
-def _drop_overlapping(remember: dict[str, DedupeEntry], writes: frozenset[str]) -> None:
+def forget_overlapping(remember: dict[str, DedupeEntry], writes: frozenset[str]) -> None:
+    """Drop the remembered successes whose reads overlap `writes`."""
     for key in [k for k, e in remember.items() if resources_overlap(e.reads, writes)]:
         del remember[key]
 
@@ -55,6 +56,7 @@ def commit(
     executed: Mapping[int, ToolResult],
     *,
     started: Collection[int] = (),
+    moved: frozenset[str] | None = frozenset(),
     cut: bool = False,
     has_cache: bool,
     run_id: int,
@@ -67,7 +69,9 @@ def commit(
     have written). Successes that wrote nothing are remembered for the run (and cached,
     where their tool has a policy); failures never are; a write that may have happened
     (a success, or a failure that says its effect is uncertain) invalidates what it
-    overlaps. `cut`: the batch was cut short (run control from pass 2, a cancellation):
+    overlaps. `moved`: what other batches wrote while this one ran (the epochs moved; None:
+    too much to say, anything): a read of it is returned, but neither remembered nor
+    cached. `cut`: the batch was cut short (run control from pass 2, a cancellation):
     what finished is kept, so that dispatching the batch again serves it instead of
     running it twice. Returns the effects; changes nothing itself."""
     results: list[ToolResult | None] = []
@@ -92,7 +96,7 @@ def commit(
             if writes and planned.index in started:
                 # started, then cancelled or blocked before it answered: it may have written
                 invalidated.update(writes)
-                _drop_overlapping(remember, writes)
+                forget_overlapping(remember, writes)
                 cache_writes = [w for w in cache_writes if not resources_overlap(w.reads, writes)]
             continue
         history.append((planned, result))
@@ -105,11 +109,13 @@ def commit(
             if ran and (ok or result.effect_uncertain):
                 # a write that may have happened drops what it may have changed
                 invalidated.update(writes)
-                _drop_overlapping(remember, writes)
+                forget_overlapping(remember, writes)
                 cache_writes = [w for w in cache_writes if not resources_overlap(w.reads, writes)]
             continue  # writes are never remembered
         if not ok:
             continue  # failures are never remembered across rounds
+        if ran and (moved is None or (moved and resources_overlap(planned.reads, moved))):
+            continue  # it may have read what a write changed under it: returned, not kept
         if planned.key is not None and (ran or result.cached):
             remember[planned.key] = DedupeEntry(result, planned.reads)
         if ran and planned.cache_key is not None and has_cache and planned.tool is not None:
@@ -157,7 +163,7 @@ def land(effects: CommitEffects, state: PlannerState, history: History, *, run_i
     state.loaded.update(effects.loaded)
     state.spent_approvals.update(effects.spent_approvals)
     if effects.invalidations:
-        _drop_overlapping(state.dedupe, effects.invalidations)
+        forget_overlapping(state.dedupe, effects.invalidations)
     if effects.remember:
         state.dedupe.update(effects.remember)
     if effects.finished:

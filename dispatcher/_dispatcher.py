@@ -3,6 +3,7 @@ and `invoke`, the programmatic path through the same three passes."""
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +27,7 @@ from ._types import Allow, Answer, BatchEvent, Deny, ToolCall, ToolResult
 __all__ = ["DEFAULT_TIMEOUT", "Dispatcher", "default_limit"]
 
 DEFAULT_TIMEOUT = 60.0
+_WRITES_KEPT = 1024
 
 Gate = Callable[..., Any]
 Rewriter = Callable[..., Any]
@@ -93,6 +95,12 @@ class Dispatcher:
         self.max_output_bytes = max_output_bytes
         self.limiter = anyio.CapacityLimiter(limit)
         self._binding: _Binding | None = None
+        # the invalidation epochs of this dispatcher's sessions: a counter, and what the
+        # last writes moved (a read started under an older epoch checks what moved since)
+        self._generation = 0
+        self._recent_writes: collections.deque[tuple[int, frozenset[str]]] = collections.deque(
+            maxlen=_WRITES_KEPT
+        )
         self._sessions: dict[str, Session] = {}
         self._private: Session | None = None
         self._batch_subscribers: list[Callable[[BatchEvent], Any]] = []
@@ -123,6 +131,26 @@ class Dispatcher:
                 "Dispatcher per event loop (they can share a result store)."
             )
         return bound
+
+    def _moved(self, written: frozenset[str], *, by: Session) -> None:
+        """A write of session `by` landed: every other session forgets what it read of it,
+        and the epoch moves on for the reads running now."""
+        self._generation += 1
+        self._recent_writes.append((self._generation, written))
+        for session in self._sessions.values():
+            if session is not by:
+                session._forget(written)
+        if self._private is not None and self._private is not by:
+            self._private._forget(written)
+
+    def _written_since(self, generation: int) -> frozenset[str] | None:
+        """Everything written after epoch `generation`; None if that is too long ago to say."""
+        if generation == self._generation:
+            return frozenset()
+        recent = self._recent_writes
+        if not recent or recent[0][0] > generation + 1:
+            return None
+        return frozenset().union(*(w for g, w in recent if g > generation))
 
     def session(
         self,

@@ -176,7 +176,6 @@ class PlannerState:
     cancellation), by call id: dispatched again in the same run, they are served."""
 
 
-
 @attrs.define
 class Draft:
     """A call while pass 1 decides it (mutable, private to pass 1)."""

@@ -6,7 +6,8 @@
     Hook          before(call, ctx) / after(call, result, ctx), either optional
     Subscriber    (event) -> None                              every committed result
     ToolRunner    (call, ctx) -> content | ToolResult          stands in for running handlers
-    ResultCache   async get_many / set_many / invalidate / clear / statistics
+    ResultCache   async get_many / set_many / invalidate / epoch / moved_since / clear /
+                  statistics
 
 Gates, rewriters, hooks, subscribers and handlers may be sync or async. The result
 store is async, so that a store across the network fits it; pass 1 and pass 3 never
@@ -110,6 +111,8 @@ class CacheStatistics:
     expired: int = 0
     errors: int = 0
     entries: int = 0
+    raced: int = 0
+    """Writes refused because a write invalidated what they read while they ran."""
 
 
 @runtime_checkable
@@ -124,12 +127,23 @@ class ResultCache(Protocol):
         Pass 1 asks once per batch, so a store can answer in one round trip."""
         ...
 
-    async def set_many(self, writes: Sequence[CacheWrite]) -> None:
-        """Keep every write (one transaction or round trip where the store can)."""
+    async def set_many(self, writes: Sequence[CacheWrite], *, since: int | None = None) -> None:
+        """Keep every write (one transaction or round trip where the store can), except a
+        write whose reads overlap what was invalidated after epoch `since` (the epoch read
+        before those reads started): a read that raced a write is never stored."""
         ...
 
     async def invalidate(self, resources: Iterable[str]) -> int:
-        """Drop every entry whose reads overlap `resources`; return how many were dropped."""
+        """Drop every entry whose reads overlap `resources`, and move the store's epoch on,
+        remembering which resources it moved for; return how many entries were dropped."""
+        ...
+
+    async def epoch(self) -> int:
+        """The store's invalidation counter now (0 for a store never written to)."""
+        ...
+
+    async def moved_since(self, epoch: int) -> frozenset[str] | None:
+        """The resources invalidated after `epoch` (None: too long ago for the store to say)."""
         ...
 
     async def clear(self) -> None: ...

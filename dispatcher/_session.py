@@ -20,7 +20,7 @@ import anyio
 import anyio.to_thread
 import attrs
 
-from ._commit import CommitEffects, commit, land
+from ._commit import CommitEffects, commit, forget_overlapping, land
 from ._exceptions import DispatchInterrupted, HookBlocked
 from ._execute import Executor, ToolRunner, _maybe_await
 from ._history import DEFAULT_HISTORY_LIMIT, History
@@ -144,6 +144,10 @@ class Session:
     def is_loaded(self, name: str) -> bool:
         tool = self.dispatcher.registry.registered(name)
         return tool is not None and (not tool.tool.deferred or name in self._planner_state.loaded)
+
+    def _forget(self, written: frozenset[str]) -> None:
+        """Drop this run's remembered reads that overlap `written` (another session wrote)."""
+        forget_overlapping(self._planner_state.dedupe, written)
 
     def searchable_tools(self) -> list[Tool]:
         """What `find_tools` searches: every registered tool."""
@@ -317,6 +321,10 @@ class Session:
         t1 = time.monotonic()
         if runner is None and d.runner is not None:
             runner = _public_runner(d.runner)
+        # the epochs the reads of this batch start under: a write committed while they run
+        # (here, or anywhere the store is shared) keeps them from being remembered or stored
+        since = d._generation
+        store_since = await self._store_epoch(plan) if store is not None else None
         executor = Executor(
             limiter=d.limiter,
             thread_limiter=bound.thread_limiter,
@@ -337,10 +345,14 @@ class Session:
             raise
         finally:
             t2 = time.monotonic()
+            moved = d._written_since(since)
+            if store_since is not None and moved is not None:
+                moved = await self._store_moved(store_since, moved)
             effects = commit(
                 plan,
                 executor.results,
                 started=executor.started,
+                moved=moved,
                 cut=bool(escaped or executor.control),
                 has_cache=store is not None,
                 run_id=self._run_id,
@@ -350,12 +362,16 @@ class Session:
             )
             self._executed += len(executor.started)
             land(effects, self._planner_state, self.history, run_id=self._run_id, round=self._round)
+            if effects.invalidations:
+                d._moved(effects.invalidations, by=self)
             if (store is not None and (effects.invalidations or effects.cache_writes)) or (
                 self.recorder is not None
             ):
                 # shielded: a batch cut short by cancellation still lands what finished
                 with anyio.CancelScope(shield=True):
-                    await self._write_out(effects, calls, plan, gate_decisions, executor, all_loaded)
+                    await self._write_out(
+                        effects, calls, plan, gate_decisions, executor, all_loaded, store_since
+                    )
             if d._batch_subscribers:
                 # delivered shielded and from this finally, so a cancelled batch is reported too
                 with anyio.CancelScope(shield=True):
@@ -379,6 +395,35 @@ class Session:
         if len(results) != len(plan.calls):  # pragma: no cover - a broken invariant, never papered over
             raise RuntimeError(f"{len(plan.calls)} calls produced {len(results)} results")
         return results
+
+    async def _store_epoch(self, plan: Plan) -> int | None:
+        """The store's epoch before pass 2, when a call that runs may be stored (else None).
+        A store that cannot say is asked nothing more: nothing this batch reads is stored."""
+        if not any(p.cache_key is not None and p.runs for p in plan.calls):
+            return None
+        store = self.dispatcher.cache
+        assert store is not None
+        try:
+            return int(await store.epoch())
+        except Exception:
+            log.warning("result cache epoch unreadable; this batch's results are not stored", exc_info=True)
+            return -1
+
+    async def _store_moved(self, since: int, moved: frozenset[str]) -> frozenset[str] | None:
+        """`moved` and what the store says was invalidated after its epoch `since` (by other
+        dispatchers or processes sharing it); None when it cannot say. Shielded: it runs in
+        pass 3, which a cancellation must not cut short."""
+        store = self.dispatcher.cache
+        assert store is not None
+        if since < 0:
+            return None
+        with anyio.CancelScope(shield=True):
+            try:
+                elsewhere = await store.moved_since(since)
+            except Exception:
+                log.warning("result cache epochs unreadable; this batch's reads are not kept", exc_info=True)
+                return None
+        return None if elsewhere is None else moved | elsewhere
 
     async def _look_up(self, keys: Sequence[str]) -> Mapping[str, CacheEntry]:
         """The store's live entries among `keys`; a store's fault is a miss, never a failure."""
@@ -410,6 +455,7 @@ class Session:
         decisions: Mapping[str, Decision],
         executor: Executor,
         all_loaded: bool,
+        store_since: int | None = None,
     ) -> None:
         """The effects that leave the process: the store's invalidations, then its writes,
         then the recording, in a worker thread. A store's fault is logged, never raised."""
@@ -424,9 +470,9 @@ class Session:
                         sorted(effects.invalidations),
                         exc_info=True,
                     )
-            if effects.cache_writes:
+            if effects.cache_writes and store_since != -1:
                 try:
-                    await store.set_many(effects.cache_writes)
+                    await store.set_many(effects.cache_writes, since=store_since)
                 except Exception:
                     log.warning(
                         "result cache write failed for %d entries", len(effects.cache_writes), exc_info=True
