@@ -23,6 +23,7 @@ from ._commit import CommitEffects, commit, land
 from ._exceptions import DispatchInterrupted
 from ._execute import Executor, ToolRunner, _maybe_await
 from ._history import DEFAULT_HISTORY_LIMIT, History
+from ._messages import tool_calls_of
 from ._plan import FIND_TOOLS, RUN_TOOL, Draft, Plan, PlannedCall, Planner, PlannerState
 from ._providers import tool_entry
 from ._registry import Tool
@@ -199,11 +200,13 @@ class Session:
 
     async def dispatch(
         self,
-        calls: Sequence[Any],
+        calls: Any,
         *,
         decisions: Mapping[str, Allow | Deny] | None = None,
     ) -> list[ToolResult]:
-        """Run one batch: one result per call, in call order, ids preserved."""
+        """Run one batch: one result per call, in call order, ids preserved. `calls` is a
+        list of call items (dicts or the SDKs' objects) or a whole assistant message,
+        whose blocks that are not calls are skipped."""
         return await self._dispatch(calls, decisions=decisions, all_loaded=False)
 
     def _context(self, call_id: str, name: str) -> ToolContext:
@@ -252,7 +255,7 @@ class Session:
         runner: ToolRunner | None,
         gate: Callable[..., Any] | None,
     ) -> list[ToolResult]:
-        calls = list(calls)  # once: the planner and the recording read the same calls
+        calls = tool_calls_of(calls)  # once: the planner and the recording read the same calls
         d = self.dispatcher
         bound = d._bind()
         self._round += 1
