@@ -25,7 +25,7 @@ from ._execute import Executor, ToolRunner, _maybe_await
 from ._history import DEFAULT_HISTORY_LIMIT, History
 from ._messages import tool_calls_of
 from ._plan import FIND_TOOLS, RUN_TOOL, Draft, Plan, PlannedCall, Planner, PlannerState
-from ._providers import tool_entry
+from ._providers import tool_entry, tool_messages
 from ._registry import Tool
 from ._results import describe, shown
 from ._seams import CacheEntry
@@ -170,6 +170,14 @@ class Session:
                 continue
             entries.append(tool_entry(tool, provider, stub=tool.deferred and not self.is_loaded(tool.name)))
         return entries
+
+    def tool_messages(
+        self, results: Iterable[ToolResult], provider: Provider = "openai"
+    ) -> list[dict[str, Any]]:
+        """What to append to the conversation for a batch's results, in call order: OpenAI
+        chat's `role: tool` messages, Anthropic's one `role: user` message holding every
+        `tool_result` block, or the Responses `function_call_output` items."""
+        return tool_messages(results, provider)
 
     # -- events and history ------------------------------------------------------------
 
