@@ -33,8 +33,7 @@ def example() -> ModuleType:
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the SDKs' async clients are asyncio's
 async def test_every_loop_answers_from_the_tool_results(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each loop sends the model's reply to threepass and the tool messages back; the scripted
-    model (which refuses what the API refuses) answers from the results; only loopback is used."""
+    """Each provider's loop ends with the model's answer made from the tool results, on loopback only."""
     for key in KEYS:
         monkeypatch.delenv(key, raising=False)
     guard = guard_network(monkeypatch)

@@ -230,8 +230,7 @@ async def test_a_malformed_item_keeps_its_real_id() -> None:
 
 
 async def test_a_call_of_an_unsupported_kind_is_answered_not_dropped() -> None:
-    """A client-side call this library cannot run (a chat `custom` tool call) still gets its
-    one result, invalid_arguments under its id, so the conversation stays answerable."""
+    """A client call of a kind this library cannot run (chat `custom`) is answered, not dropped."""
     custom = {"id": "call_c", "type": "custom", "custom": {"name": "grammar", "input": "x"}}
     message = chat_completion(chat_call("call_a", "a"), custom).choices[0].message
     assert [(i, s) for i, s, _ in await dispatched(message)] == [

@@ -112,8 +112,7 @@ def boom_chat(call_id: str) -> dict[str, Any]:
 
 
 async def test_openai_tool_messages_are_the_sdk_tool_message_params() -> None:
-    """OpenAI chat: one `role: tool` ChatCompletionToolMessageParam per call, in call order;
-    with the assistant message they make a valid next request."""
+    """OpenAI chat: one valid `role: tool` message per call, in order, making a valid next request."""
     completion = chat_completion(chat_call("call_a", "a"), boom_chat("call_b"), chat_call("call_c", "c"))
     message = completion.choices[0].message
     results = await results_of(message)
@@ -131,8 +130,7 @@ async def test_openai_tool_messages_are_the_sdk_tool_message_params() -> None:
 
 
 async def test_anthropic_tool_messages_are_one_user_message() -> None:
-    """Anthropic: ONE `role: user` MessageParam holding every tool_result block in call order,
-    `is_error` on a failure; with the assistant's content it makes a valid next request."""
+    """Anthropic: ONE valid user message holding every tool_result block in order, is_error on failures."""
     message = anthropic_message(
         THINKING,
         TEXT,
@@ -160,8 +158,7 @@ async def test_anthropic_tool_messages_are_one_user_message() -> None:
 
 
 async def test_responses_tool_messages_are_function_call_outputs() -> None:
-    """Responses: one `function_call_output` input item per call, under the call's `call_id`;
-    with the response's output items they make a valid next input."""
+    """Responses: one valid `function_call_output` item per call, under its `call_id`, in order."""
     r = response(REASONING, function_call("call_1", "a"), function_call("call_2", "b"))
     results = await results_of(r)
     for provider in ("responses", "openai-responses"):
@@ -226,8 +223,7 @@ def test_request_tools_are_the_sdk_tool_params(mode: str) -> None:
 def test_responses_strict_is_granted_only_to_a_strict_tool_with_a_strict_schema(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Responses says `strict` on every tool: true only for a tool that asks and whose schema
-    strict mode takes; run_tool and find_tools are never strict. A request refused is logged."""
+    """Responses says `strict` on every tool, true only when asked for and the schema can take it."""
     reg = registry()
     with caplog.at_level(logging.WARNING, logger="threepass.registry"):
         reg.add(Tool(name="loose", description="Asks.", handler=echo, parameters=TEXT_SCHEMA, strict=True))
