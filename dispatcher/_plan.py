@@ -32,7 +32,7 @@ from ._policy import resources_overlap
 from ._registry import RegisteredTool, Registry
 from ._results import describe, failure_result, normalize_output, safe_text, shown
 from ._seams import CacheEntry
-from ._types import Allow, Answer, Deny, Status, ToolCall, ToolResult
+from ._types import Allow, Answer, Deny, Status, ToolCall, ToolResult, call_id_of
 
 __all__ = [
     "DEFAULT_MAX_ARGUMENT_BYTES",
@@ -402,8 +402,7 @@ class Planner:
             try:
                 call = ToolCall.parse(item)
             except (TypeError, ValueError) as exc:
-                known = isinstance(item, Mapping) and "id" in item
-                call_id = str(item["id"]) if known else f"call_{index}"
+                call_id = call_id_of(item) or f"call_{index}"
                 d = Draft(index=index, call_id=call_id, name="", args=None)
                 self._fail(d, Status.invalid_arguments, f"unreadable tool call: {exc}")
                 return d

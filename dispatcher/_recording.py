@@ -65,8 +65,21 @@ def _call_json(item: Any, secrets: set[str]) -> dict[str, Any]:
     try:
         call = ToolCall.parse(item)
     except (TypeError, ValueError):
-        return {"unreadable": repr(item)}
+        return {"unreadable": _unreadable_json(item)}
     return {"id": call.id, "name": call.name, "arguments": _redacted(call.arguments, secrets)}
+
+
+def _unreadable_json(item: Any) -> Any:
+    """An item pass 1 could not read, as replay can hand it back: a mapping of JSON values
+    that carries no credential as it is (replay then reads it, and fails, the same way),
+    anything else as its repr."""
+    if isinstance(item, Mapping):
+        try:
+            if not credential_values(item) and json.loads(json.dumps(item)) == item:
+                return dict(item)
+        except (TypeError, ValueError, RecursionError):
+            pass
+    return repr(item)
 
 
 def _recorded_key(planned: PlannedCall, secrets: set[str]) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -19,7 +20,9 @@ import xxhash
 from ._exceptions import ToolDefinitionError, UnknownTool
 from ._policy import CachePolicy
 
-__all__ = ["Registry", "RegisteredTool", "Tool", "Handler", "ResourceFn", "ArgsPredicate"]
+__all__ = ["Registry", "RegisteredTool", "Tool", "Handler", "ResourceFn", "ArgsPredicate", "strict_problem"]
+
+log = logging.getLogger("threepass.registry")
 
 Handler = Callable[..., Any]
 """`(args: dict, ctx: ToolContext) -> str | dict | list | bytes`, sync or async."""
@@ -45,6 +48,8 @@ class Tool:
     `"url:https://..."`); a call that writes anything is never deduped or cached, and
     its success invalidates what overlaps it. `writes` returning `{"file:/"}` says
     "unknown effects on files". `timeout` is seconds (None: the dispatcher's).
+    `strict=True` asks the providers to hold the model to the schema (OpenAI's strict
+    mode); it is granted only to a schema strict mode can take (`strict_problem`).
     """
 
     name: str
@@ -58,6 +63,7 @@ class Tool:
     timeout: float | None = None
     reads: ResourceFn | None = None
     writes: ResourceFn | None = None
+    strict: bool = False
 
     def schema(self) -> dict[str, Any]:
         """Name, description and parameters, provider-neutral."""
@@ -106,6 +112,71 @@ def _top_level_defaults(schema: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+# What OpenAI's strict mode takes (its structured-outputs subset of JSON Schema).
+_STRICT_KEYWORDS = frozenset(
+    {
+        "type", "properties", "required", "additionalProperties", "items", "enum", "const",
+        "anyOf", "$ref", "$defs", "definitions", "description", "title",
+        "pattern", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+        "multipleOf", "minItems", "maxItems",
+    }
+)  # fmt: skip
+_STRICT_MAX_DEPTH = 10
+_STRICT_MAX_PROPERTIES = 5000
+
+
+def strict_problem(schema: Mapping[str, Any]) -> str | None:
+    """Why strict mode cannot take `schema` (None: it can). Every object must set
+    `additionalProperties: false` and require every property; only the keywords strict
+    mode knows may appear; at most 10 levels of nesting and 5000 properties."""
+    if "anyOf" in schema:
+        return "the root is an anyOf"
+    count = 0
+
+    def walk(node: Any, where: str, depth: int) -> str | None:
+        nonlocal count
+        if not isinstance(node, Mapping):
+            return f"{where} is not a schema object"
+        if depth > _STRICT_MAX_DEPTH:
+            return f"{where} nests deeper than {_STRICT_MAX_DEPTH} levels"
+        unknown = sorted(set(node) - _STRICT_KEYWORDS)
+        if unknown:
+            return f"{where} uses {', '.join(unknown)}"
+        kinds = node.get("type")
+        props = node.get("properties")
+        if kinds == "object" or (isinstance(kinds, list) and "object" in kinds) or props is not None:
+            if node.get("additionalProperties") is not False:
+                return f"{where} does not set additionalProperties to false"
+            props = props or {}
+            if not isinstance(props, Mapping):
+                return f"{where}.properties is not an object"
+            missing = sorted(set(props) - set(node.get("required") or ()))
+            if missing:
+                return f"{where} does not require {', '.join(missing)}"
+            count += len(props)
+            if count > _STRICT_MAX_PROPERTIES:
+                return f"more than {_STRICT_MAX_PROPERTIES} properties"
+            for name, sub in props.items():
+                if found := walk(sub, f"{where}.properties.{name}", depth + 1):
+                    return found
+        children: list[tuple[str, Any]] = []
+        if "items" in node:
+            children.append((f"{where}.items", node["items"]))
+        options = node.get("anyOf") or ()
+        children += [(f"{where}.anyOf[{i}]", sub) for i, sub in enumerate(options)]
+        for defs in ("$defs", "definitions"):
+            named = node.get(defs) or {}
+            if not isinstance(named, Mapping):
+                return f"{where}.{defs} is not an object"
+            children += [(f"{where}.{defs}.{name}", sub) for name, sub in named.items()]
+        for at, sub in children:
+            if found := walk(sub, at, depth + 1):
+                return found
+        return None
+
+    return walk(schema, "$", 1)
+
+
 def register_check(tool: Tool) -> RegisteredTool:
     """Check `tool` and compile its validator; raise ToolDefinitionError naming the fault."""
     if not isinstance(tool, Tool):
@@ -142,6 +213,8 @@ def register_check(tool: Tool) -> RegisteredTool:
             )
     if tool.timeout is not None and not tool.timeout > 0:
         raise ToolDefinitionError(f"tool {tool.name!r}: timeout must be positive, got {tool.timeout!r}")
+    if tool.strict and (problem := strict_problem(schema)) is not None:
+        log.warning("tool %r asks for strict mode, which its schema cannot take: %s", tool.name, problem)
     defaults = _top_level_defaults(schema)
     return RegisteredTool(
         tool=tool,

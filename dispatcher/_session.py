@@ -24,8 +24,9 @@ from ._commit import CommitEffects, commit, forget_overlapping, land
 from ._exceptions import DispatchInterrupted, HookBlocked
 from ._execute import Executor, ToolRunner, _maybe_await
 from ._history import DEFAULT_HISTORY_LIMIT, History
+from ._messages import tool_calls_of
 from ._plan import FIND_TOOLS, RUN_TOOL, Draft, Plan, PlannedCall, Planner, PlannerState
-from ._providers import tool_entry
+from ._providers import tool_entry, tool_messages
 from ._registry import Tool
 from ._results import describe, shown
 from ._rewrite import rewrite
@@ -188,6 +189,14 @@ class Session:
             entries.append(tool_entry(tool, provider, stub=tool.deferred and not self.is_loaded(tool.name)))
         return entries
 
+    def tool_messages(
+        self, results: Iterable[ToolResult], provider: Provider = "openai"
+    ) -> list[dict[str, Any]]:
+        """What to append to the conversation for a batch's results, in call order: OpenAI
+        chat's `role: tool` messages, Anthropic's one `role: user` message holding every
+        `tool_result` block, or the Responses `function_call_output` items."""
+        return tool_messages(results, provider)
+
     # -- events and history ------------------------------------------------------------
 
     def subscribe(self, fn: Subscriber) -> Callable[[], None]:
@@ -217,11 +226,13 @@ class Session:
 
     async def dispatch(
         self,
-        calls: Sequence[Any],
+        calls: Any,
         *,
         decisions: Mapping[str, Allow | Deny | Answer] | None = None,
     ) -> list[ToolResult]:
-        """Run one batch: one result per call, in call order, ids preserved."""
+        """Run one batch: one result per call, in call order, ids preserved. `calls` is a
+        list of call items (dicts or the SDKs' objects) or a whole assistant message,
+        whose blocks that are not calls are skipped."""
         return await self._dispatch(calls, decisions=decisions, all_loaded=False)
 
     def _context(self, call_id: str, name: str) -> ToolContext:
@@ -274,7 +285,7 @@ class Session:
         runner: ToolRunner | None,
         gate: Callable[..., Any] | None,
     ) -> list[ToolResult]:
-        calls = list(calls)  # once: the planner and the recording read the same calls
+        calls = tool_calls_of(calls)  # once: the planner and the recording read the same calls
         d = self.dispatcher
         began, t0 = time.time(), time.monotonic()  # the pass timings of a BatchEvent
         self._round += 1

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ._registry import Tool
 
 __all__ = [
+    "PROVIDERS",
     "Allow",
     "Answer",
     "BatchEvent",
@@ -32,9 +33,88 @@ __all__ = [
     "ToolContext",
     "ToolResult",
     "ToolResultEvent",
+    "call_id_of",
+    "plain",
+    "provider_named",
 ]
 
-Provider = Literal["openai", "anthropic", "responses"]
+Provider = Literal["openai", "anthropic", "responses", "openai-responses"]
+PROVIDERS: Mapping[str, str] = {
+    "openai": "openai",
+    "anthropic": "anthropic",
+    "responses": "responses",
+    "openai-responses": "responses",
+}
+"""Every provider name accepted, to the format it names (OpenAI chat, Anthropic, OpenAI Responses)."""
+
+
+def provider_named(provider: str) -> str:
+    """The format `provider` names: `openai`, `anthropic` or `responses`."""
+    try:
+        return PROVIDERS[provider]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown provider, expected openai, anthropic, responses or openai-responses, got {provider!r}"
+        ) from None
+
+
+_CALL_FIELDS = ("id", "call_id", "type", "name", "input", "arguments", "function")
+_MISSING = object()
+
+
+def _dumped(item: Any) -> dict[str, Any] | None:
+    """A pydantic v2 model (the SDKs' objects) as a plain dict; None for anything else."""
+    dump = getattr(item, "model_dump", None)
+    if not callable(dump):
+        return None
+    try:
+        value = dump(warnings=False)
+    except Exception:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _attributes(item: Any, names: Sequence[str]) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for name in names:
+        try:
+            value = getattr(item, name, _MISSING)
+        except Exception:
+            continue
+        if value is not _MISSING:
+            fields[name] = value
+    return fields
+
+
+def plain(item: Any) -> Any:
+    """`item` as a mapping when it is one, or an object with a call's shape: a pydantic
+    model by `model_dump()`, any other object by its attributes. Anything else as it is."""
+    if isinstance(item, Mapping):
+        return item
+    dumped = _dumped(item)
+    if dumped is not None:
+        return dumped
+    fields = _attributes(item, _CALL_FIELDS)
+    fn = fields.get("function")
+    if fn is not None and not isinstance(fn, Mapping | str):
+        fields["function"] = _dumped(fn) or _attributes(fn, ("name", "arguments"))
+    return fields or item
+
+
+def call_id_of(item: Any) -> str | None:
+    """The call id an item carries, read even when the rest of it is unreadable (a
+    Responses item's `call_id` before its item `id`); None when it has none."""
+    for name in ("call_id", "id"):
+        if isinstance(item, Mapping):
+            value = item.get(name)
+        else:
+            try:
+                value = getattr(item, name, None)
+            except Exception:
+                continue
+        if (isinstance(value, str) and value) or (isinstance(value, int) and not isinstance(value, bool)):
+            return str(value)
+    return None
 
 
 class Status(enum.StrEnum):
@@ -59,13 +139,18 @@ class ToolCall:
     arguments: str | Mapping[str, Any] = attrs.field(factory=dict)
 
     @classmethod
-    def parse(cls, item: ToolCall | Mapping[str, Any]) -> ToolCall:
+    def parse(cls, item: ToolCall | Mapping[str, Any] | Any) -> ToolCall:
         """Accept a ToolCall, an OpenAI chat `tool_calls` item, an OpenAI Responses
-        `function_call` item, or an Anthropic `tool_use` block."""
+        `function_call` item, or an Anthropic `tool_use` block: as a mapping, or as an
+        object of that shape (the SDKs' pydantic models, read by `model_dump()`)."""
         if isinstance(item, ToolCall):
             return item
         if not isinstance(item, Mapping):
-            raise TypeError(f"a tool call must be a ToolCall or a mapping, got {item!r}")
+            item = plain(item)
+            if not isinstance(item, Mapping):
+                raise TypeError(
+                    f"a tool call must be a ToolCall or a mapping (or an object of that shape), got {item!r}"
+                )
         kind = item.get("type")
         if "function" in item and isinstance(item["function"], Mapping):  # OpenAI chat
             fn = item["function"]
@@ -115,10 +200,12 @@ class ToolResult:
         return self.status is Status.ok
 
     def to_message(self, provider: Provider = "openai") -> dict[str, Any]:
-        """This result as the provider's tool message."""
-        if provider == "openai":
+        """This result as the provider's tool message (Anthropic: one `tool_result` block;
+        `Session.tool_messages` makes the user message that carries a batch of them)."""
+        fmt = provider_named(provider)
+        if fmt == "openai":
             return {"role": "tool", "tool_call_id": self.call_id, "content": self.content}
-        if provider == "anthropic":
+        if fmt == "anthropic":
             block: dict[str, Any] = {
                 "type": "tool_result",
                 "tool_use_id": self.call_id,
@@ -127,13 +214,13 @@ class ToolResult:
             if self.status is not Status.ok:
                 block["is_error"] = True
             return block
-        if provider == "responses":
+        if fmt == "responses":
             return {
                 "type": "function_call_output",
                 "call_id": self.call_id,
                 "output": self.content,
             }
-        raise ValueError(f"unknown provider, expected openai, anthropic or responses, got {provider!r}")
+        raise AssertionError(f"provider_named gave {fmt!r}")  # pragma: no cover
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict of every field (for recordings and logs)."""
