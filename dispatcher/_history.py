@@ -12,6 +12,7 @@ Nothing here runs a tool, touches trio, the disk or the clock.
 from __future__ import annotations
 
 import collections
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
@@ -27,13 +28,16 @@ DEFAULT_HISTORY_LIMIT = 10_000
 bound on what a session that runs for days holds (a row keeps its result's content)."""
 
 # run id, round, index in its batch, call id, tool name, arguments, result: only what an
-# entry shows (the plan itself holds more, such as its keys, and would keep it alive)
-_Row = tuple[int, int, int, str, str, Mapping[str, Any], ToolResult]
+# entry shows (the plan itself holds more, such as its keys, and would keep it alive). The
+# arguments are kept as the model sent them, as the canonical JSON the key was made from:
+# a handler that changes its arguments changes nothing here, and nothing is copied.
+_Row = tuple[int, int, int, str, str, Mapping[str, Any] | str, ToolResult]
 
 
 def _entry(row: _Row) -> HistoryEntry:
     run_id, round_, index, call_id, name, args, result = row
-    call = ToolCall(id=call_id, name=name, arguments=args)
+    arguments = json.loads(args) if isinstance(args, str) else args  # a fresh copy per reader
+    call = ToolCall(id=call_id, name=name, arguments=arguments)
     return HistoryEntry(run_id=run_id, round=round_, index=index, call=call, result=result)
 
 
@@ -52,7 +56,8 @@ class History(Sequence[HistoryEntry]):
 
     def add(self, run_id: int, round: int, planned: PlannedCall, result: ToolResult) -> None:
         """Pass 3: one committed call."""
-        self._rows.append((run_id, round, planned.index, planned.call_id, planned.name, planned.args, result))
+        args = planned.sent if planned.sent is not None else planned.args
+        self._rows.append((run_id, round, planned.index, planned.call_id, planned.name, args, result))
         self.calls += 1
         self.deduped += result.deduped
         self.cached += result.cached

@@ -200,6 +200,8 @@ class Draft:
     approval: Allow | None = None
     spent_approval: bool = False
     duplicate: bool = False
+    sent: Mapping[str, Any] | None = None  # as the model sent them (less `force`): validated
+    sent_json: str | None = None  # ... and as history keeps them, immune to the handler
 
     def advance(self, step: str) -> None:
         if (self.step, step) not in _ALLOWED:
@@ -237,6 +239,7 @@ class PlannedCall(NamedTuple):
     concurrent: bool
     cache_key: str | None
     spent_approval: bool
+    sent: str | None = None  # the arguments as sent, canonical JSON (what history keeps)
 
     @property
     def call(self) -> ToolCall:
@@ -628,18 +631,22 @@ class Planner:
         return entry
 
     def _key(self, d: Draft, entry: RegisteredTool) -> bool:
-        """Fill defaults, take `force` out, canonicalise, measure, key, evaluate the seams."""
-        args = d.args if d.args is not None else {}
+        """Take `force` out, fill defaults, canonicalise, measure, key, evaluate the seams.
+        What the model sent (`sent`) is what step 7 validates and history keeps; the key
+        and the handler see the filled arguments."""
+        sent = d.args if d.args is not None else {}
         tool = entry.tool
+        if entry.takes_force and FORCE in sent:
+            sent = dict(sent)
+            d.force = bool(sent.pop(FORCE))
+        args = sent
         if entry.defaults:
             defaults = copy.deepcopy(entry.defaults) if entry.defaults_mutable else entry.defaults
-            args = {**defaults, **args}
-        if entry.takes_force and FORCE in args:
-            args = dict(args)
-            d.force = bool(args.pop(FORCE))
-        d.args = args
+            args = {**defaults, **sent}
+        d.sent, d.args = sent, args
         try:
             canonical = canonical_json(args)
+            d.sent_json = canonical if args is sent or len(args) == len(sent) else canonical_json(sent)
         except (TypeError, ValueError) as exc:
             self._fail(d, Status.invalid_arguments, f"arguments are not JSON-serialisable: {exc}")
             return False
@@ -727,7 +734,7 @@ class Planner:
         return False
 
     def _validate(self, d: Draft, entry: RegisteredTool) -> bool:
-        args = d.args or {}
+        args = d.sent if d.sent is not None else (d.args or {})
         try:
             if entry.validator.is_valid(args):
                 return True
@@ -861,6 +868,7 @@ class Planner:
                     d.concurrent,
                     d.cache_key if d.cacheable else None,
                     d.spent_approval,
+                    d.sent_json,
                 )
             )
         return Plan(calls=tuple(calls), groups=group_calls(calls), carried=frozenset(self._carried))

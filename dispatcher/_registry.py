@@ -10,6 +10,7 @@ import inspect
 import json
 import logging
 import re
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -110,6 +111,21 @@ def _top_level_defaults(schema: Mapping[str, Any]) -> dict[str, Any]:
         for name, spec in props.items()
         if isinstance(spec, Mapping) and "default" in spec
     }
+
+
+def _defaults_off_schema(validator: Any, schema: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
+    """The top-level parameters whose default fails the parameter's own schema (such as
+    `default: null` on a typed parameter). A subschema that cannot be checked alone (a
+    `$ref` into the whole schema, say) is given the benefit of the doubt."""
+    props = schema.get("properties") or {}
+    bad = []
+    for name, value in defaults.items():
+        try:
+            if not validator.evolve(schema=props[name]).is_valid(value):
+                bad.append(name)
+        except Exception:
+            continue
+    return bad
 
 
 # What OpenAI's strict mode takes (its structured-outputs subset of JSON Schema).
@@ -216,9 +232,18 @@ def register_check(tool: Tool) -> RegisteredTool:
     if tool.strict and (problem := strict_problem(schema)) is not None:
         log.warning("tool %r asks for strict mode, which its schema cannot take: %s", tool.name, problem)
     defaults = _top_level_defaults(schema)
+    validator = jsonschema.Draft202012Validator(schema, format_checker=None)
+    if defaults and (bad := _defaults_off_schema(validator, schema, defaults)):
+        message = (
+            f"tool {tool.name!r}: the default of {', '.join(map(repr, bad))} fails its own schema; "
+            "calls that leave it out are still valid (defaults are filled after validation), "
+            "but the handler receives that default"
+        )
+        log.warning("%s", message)
+        warnings.warn(message, UserWarning, stacklevel=3)
     return RegisteredTool(
         tool=tool,
-        validator=jsonschema.Draft202012Validator(schema, format_checker=None),
+        validator=validator,
         defaults=defaults,
         defaults_mutable=any(isinstance(v, dict | list) for v in defaults.values()),
         is_async=_is_async_callable(tool.handler),
