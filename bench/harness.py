@@ -41,6 +41,7 @@ from dispatcher import default_limit
 
 from . import dispatch_costs
 from .peers import PEERS, PeerClass, missing_reason, versions
+from .sections import kept_sections
 from .threepass_runner import ThreepassAsyncioRunner, ThreepassRunner
 from .workloads import (
     FloorRunner,
@@ -538,18 +539,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     stream.write((json.dumps(report, indent=1) if ns.json else render_summary(report)) + "\n")
     output = _output(ns)
     if output is not None:
-        kept = versus_section(output.read_text(encoding="utf-8")) if output.exists() else ""
+        kept = kept_sections(output.read_text(encoding="utf-8")) if output.exists() else ""
         output.write_text(render_results(report, command) + kept, encoding="utf-8")
         progress(f"wrote {output}")
     return 0
-
-
-VERSUS_START, VERSUS_END = "<!-- versus -->", "<!-- /versus -->"
-
-
-def versus_section(text: str) -> str:
-    """The section bench/versus.py writes into RESULTS.md (kept when the harness rewrites it)."""
-    start, end = text.find(VERSUS_START), text.find(VERSUS_END)
-    if start < 0 or end < start:
-        return ""
-    return "\n" + text[start : end + len(VERSUS_END)] + "\n"

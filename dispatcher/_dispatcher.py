@@ -4,8 +4,10 @@ and `invoke`, the programmatic path through the same three passes."""
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,11 @@ class Dispatcher:
     asked about calls that need confirmation; without one, every call runs. `runner`
     answers calls instead of their handlers (a `ScriptedRunner`, for tests and dry runs).
 
+    The dispatcher holds its sessions until they close (`Session.close()`, or `async with
+    d.session(...)`). For a long-lived server, `max_idle_sessions` bounds how many idle
+    sessions it keeps (the ones used longest ago are closed first) and `idle_timeout`
+    closes those unused for that many seconds, whenever a new session is made.
+
     A Dispatcher belongs to the event loop that first dispatches through it (trio or
     asyncio): using it from another loop or thread raises RuntimeError. Make one per
     loop; they can share a result store.
@@ -74,6 +81,8 @@ class Dispatcher:
         timeout: float = DEFAULT_TIMEOUT,
         max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        max_idle_sessions: int | None = None,
+        idle_timeout: float | None = None,
     ) -> None:
         if not isinstance(registry, Registry):
             raise TypeError(f"expected a Registry, got {registry!r}")
@@ -102,6 +111,9 @@ class Dispatcher:
             maxlen=_WRITES_KEPT
         )
         self._sessions: dict[str, Session] = {}
+        self._unnamed = itertools.count(1)
+        self.max_idle_sessions = max_idle_sessions
+        self.idle_timeout = idle_timeout
         self._private: Session | None = None
         self._batch_subscribers: list[Callable[[BatchEvent], Any]] = []
 
@@ -165,10 +177,13 @@ class Dispatcher:
         that JSONL file. `core` names more tools whose schemas go in every request.
         `history_limit` is how many committed calls `Session.history` keeps (None: all)."""
         if session_id is None:
-            session_id = f"s{len(self._sessions) + 1}"
+            session_id = f"s{next(self._unnamed)}"
+            while session_id in self._sessions:
+                session_id = f"s{next(self._unnamed)}"
         found = self._sessions.get(session_id)
         if found is not None:
             return found
+        self._evict_idle()
         recorder = None
         if record is not None:
             from ._recording import Recorder
@@ -179,6 +194,27 @@ class Dispatcher:
         )
         self._sessions[session_id] = session
         return session
+
+    def _evict_idle(self) -> None:
+        """Before a session is made: close those idle past `idle_timeout`, then, past
+        `max_idle_sessions`, the idle ones used longest ago. A session running a batch
+        is never closed under it."""
+        limit, timeout = self.max_idle_sessions, self.idle_timeout
+        if limit is None and timeout is None:
+            return
+        now = time.monotonic()
+        idle = sorted((s for s in self._sessions.values() if not s.busy), key=lambda s: s.last_used)
+        doomed = [s for s in idle if timeout is not None and now - s.last_used > timeout]
+        keep = [s for s in idle if s not in doomed]
+        if limit is not None and len(keep) >= limit:
+            doomed += keep[: len(keep) - limit + 1]
+        for session in doomed:
+            session.close()
+
+    def _forget_session(self, session: Session) -> None:
+        """A closed session leaves the dispatcher (`Session.close` calls this)."""
+        if self._sessions.get(session.id) is session:
+            del self._sessions[session.id]
 
     async def invoke(
         self,

@@ -147,6 +147,9 @@ class Recorder:
         self._started = path.exists() and path.stat().st_size > 0
         self.problem: Exception | None = None
 
+    def close(self) -> None:
+        """The session is closing: nothing stays open between batches, so nothing to do."""
+
     def set_meta(self, **meta: Any) -> None:
         self._header["meta"].update(meta)  # type: ignore[attr-defined]
 

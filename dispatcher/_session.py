@@ -115,6 +115,10 @@ class Session:
         self._executed = 0
         self._one_batch: Any = None  # the bound loop's Lock, made at the first dispatch
         self._ids = itertools.count(1)
+        self._cleanups: list[Callable[[], Any]] = []
+        self.closed = False
+        self.busy = False
+        self.last_used = time.monotonic()
         self.new_run()
 
     # -- runs and schemas ------------------------------------------------------------
@@ -224,6 +228,40 @@ class Session:
 
     # -- dispatch ------------------------------------------------------------------------
 
+    # -- closing ------------------------------------------------------------------------
+
+    def on_close(self, fn: Callable[[], Any]) -> None:
+        """Run `fn()` (synchronous) when the session closes: tools register the cleanups of
+        what they started for it (`ctx.on_close`)."""
+        if self.closed:
+            raise RuntimeError(f"session {self.id!r} is closed")
+        self._cleanups.append(fn)
+
+    def close(self) -> None:
+        """Leave the dispatcher, close the recording and run the cleanups tools registered,
+        newest first. Idempotent; a closed session refuses new batches."""
+        if self.closed:
+            return
+        self.closed = True
+        self.dispatcher._forget_session(self)
+        if self.recorder is not None:
+            try:
+                self.recorder.close()
+            except Exception:
+                log.warning("closing the recording of session %s failed", self.id, exc_info=True)
+        cleanups, self._cleanups = self._cleanups, []
+        for fn in reversed(cleanups):
+            try:
+                fn()
+            except Exception:
+                log.warning("a cleanup of session %s raised; ignored", self.id, exc_info=True)
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+
     async def dispatch(
         self,
         calls: Any,
@@ -258,6 +296,8 @@ class Session:
         approval is spent, a result remembered and a non-concurrent call finished before the
         next batch plans. A dispatch made by a handler of this session's running batch (an
         `invoke` from a tool) goes ahead: it is part of that batch's work."""
+        if self.closed:
+            raise RuntimeError(f"session {self.id!r} is closed: open a new one with Dispatcher.session()")
         bound = self.dispatcher._bind()
         inside = _INSIDE.get()
         if self in inside:
@@ -270,9 +310,12 @@ class Session:
         except bound.primitives.would_block:
             await lock.acquire()
         token = _INSIDE.set(inside | {self})
+        self.busy = True
         try:
             return await self._dispatch_one(bound, calls, decisions, all_loaded, runner, gate)
         finally:
+            self.busy = False
+            self.last_used = time.monotonic()
             _INSIDE.reset(token)
             lock.release()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import attrs
@@ -312,6 +312,8 @@ class ContextHost(Protocol):
 
     async def invoke(self, name: str, args: Mapping[str, Any] | None = None) -> ToolResult: ...
 
+    def on_close(self, fn: Callable[[], Any]) -> None: ...
+
 
 @attrs.frozen
 class ToolContext:
@@ -350,6 +352,12 @@ class ToolContext:
     def searchable_tools(self) -> list[Tool]:
         """What `find_tools` searches: the session's registry."""
         return [] if self._host is None else self._host.searchable_tools()
+
+    def on_close(self, fn: Callable[[], Any]) -> None:
+        """Run `fn()` when the session closes (a tool's cleanup: stop what it started)."""
+        if self._host is None:
+            raise RuntimeError(f"call {self.call_id!r} has no session to clean up after")
+        self._host.on_close(fn)
 
     async def invoke(self, name: str, args: Mapping[str, Any] | None = None) -> ToolResult:
         """Call another tool from this handler, in the same session, through the same three

@@ -24,6 +24,7 @@ class FakeSession:
         self.state: dict[str, Any] = {}
         self.history: list[Any] = []
         self.loaded: list[str] = []
+        self.cleanups: list[Any] = []
 
     def load_tools(self, names: Any) -> list[str]:
         self.loaded.extend(names)
@@ -34,6 +35,9 @@ class FakeSession:
 
     async def invoke(self, name: str, args: Mapping[str, Any] | None = None) -> Any:
         raise RuntimeError(f"a FakeSession cannot invoke {name!r}")
+
+    def on_close(self, fn: Any) -> None:
+        self.cleanups.append(fn)
 
 
 def tool_context(name: str, session: FakeSession | None = None, call_id: str = "call_1") -> ToolContext:

@@ -231,3 +231,77 @@ async def test_invoke_merges_static_configuration_under_the_arguments_and_thread
     await d.invoke("step", {"language": "jq"}, static=static, input=[1])
     await d.invoke("step", static={"expression": "$.y"})
     assert seen == [{"expression": "$.x", "language": "jq", "input": [1]}, {"expression": "$.y"}]
+
+
+# -- closing, and a long-lived server stays bounded ------------------------------------------
+
+
+def _closing_registry(log: list[str]) -> Registry:
+    async def start(args: Mapping[str, Any], ctx: Any) -> str:
+        ctx.on_close(lambda: log.append(f"stop {args['name']} of {ctx.session_id}"))
+        return "started"
+
+    async def hold(args: Mapping[str, Any], ctx: Any) -> str:
+        await ctx.state["release"].wait()
+        return "held"
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}}
+    return Registry(
+        [
+            Tool("start", "Start.", start, schema, deferred=False),
+            Tool("hold", "Hold.", hold, {"type": "object"}, deferred=False),
+        ]
+    )
+
+
+async def test_close_leaves_the_dispatcher_runs_cleanups_and_refuses_batches() -> None:
+    """close() drops the session from its dispatcher, runs the cleanups its tools registered
+    (newest first), is idempotent, and a closed session refuses a batch, saying so."""
+    log: list[str] = []
+    d = Dispatcher(_closing_registry(log))
+    s = d.session("s")
+    await s.dispatch([ToolCall("1", "start", {"name": "a"}), ToolCall("2", "start", {"name": "b"})])
+    s.close()
+    s.close()
+    assert log == ["stop b of s", "stop a of s"]
+    assert d.session("s") is not s
+    with pytest.raises(RuntimeError, match="session 's' is closed"):
+        await s.dispatch([ToolCall("3", "start", {"name": "c"})])
+
+
+async def test_async_with_closes_the_session() -> None:
+    """`async with d.session(...) as s` closes it on the way out, cleanups included."""
+    log: list[str] = []
+    d = Dispatcher(_closing_registry(log))
+    async with d.session("s") as s:
+        await s.dispatch([ToolCall("1", "start", {"name": "a"})])
+    assert s.closed and log == ["stop a of s"]
+
+
+async def test_idle_sessions_past_the_limit_or_the_timeout_are_closed() -> None:
+    """With max_idle_sessions=2, making sessions closes the idle ones used longest ago; an
+    idle_timeout closes those unused for that long; a session running a batch is kept."""
+    log: list[str] = []
+    d = Dispatcher(_closing_registry(log), max_idle_sessions=2)
+    for name in ("a", "b", "c", "d"):
+        await d.session(name).dispatch([ToolCall("1", "start", {"name": name})])
+    assert sorted(d._sessions) == ["c", "d"]
+    assert log == ["stop a of a", "stop b of b"]
+
+    timed = Dispatcher(_closing_registry(log), idle_timeout=60)
+    old = timed.session("old")
+    old.last_used -= 61
+    timed.session("new")
+    assert old.closed and sorted(timed._sessions) == ["new"]
+
+    busy_d = Dispatcher(_closing_registry(log), max_idle_sessions=1)
+    busy = busy_d.session("busy")
+    busy.state["release"] = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(busy.dispatch, [ToolCall("h", "hold", {})])
+        await anyio.sleep(0.01)
+        busy_d.session("x")
+        busy_d.session("y")
+        assert not busy.closed
+        busy.state["release"].set()
+    assert not busy.closed
