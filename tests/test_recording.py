@@ -16,9 +16,24 @@ import anyio
 from builtin_tools import default_registry
 from dispatcher import Allow, Deny, Dispatcher, Registry, Status, Tool, ToolCall, replay
 from dispatcher._credentials import redact
-from dispatcher._recording import Recorder
+from dispatcher._recording import Recorder, line_hash
 
 from ._fakes import Counter, call, fake_registry, openai_call
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _rewrite(path: Path, records: list[dict[str, Any]], *, rechain: bool = False) -> None:
+    """Write `records` back as the recorder writes them; `rechain` recomputes every `prev`,
+    as an edit that knows the chain would."""
+    lines: list[str] = []
+    for record in records:
+        if rechain and lines and "prev" in record:
+            record["prev"] = line_hash(lines[-1].encode())
+        lines.append(json.dumps(record, ensure_ascii=True))
+    path.write_text("".join(line + "\n" for line in lines))
 
 
 async def record_session(path: Path, counter: Counter, files: dict[str, str]) -> None:
@@ -50,13 +65,14 @@ async def test_replay_reports_the_first_divergence(tmp_path: Path) -> None:
     """A recording whose calls no longer decide the same way names the call, expected and got."""
     path = tmp_path / "s.jsonl"
     await record_session(path, Counter(), {"a": "v1"})
-    records = [json.loads(line) for line in path.read_text().splitlines()]
+    records = _records(path)
     records[3]["results"][0]["content"] = "something else"  # the deduped echo of batch 3
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    _rewrite(path, records, rechain=True)
     report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
-    assert report.divergence is not None
-    assert (report.divergence.batch, report.divergence.index, report.divergence.call_id) == (3, 0, "6")
-    assert "something else" in report.divergence.expected
+    assert report.problem is None and report.divergence is not None
+    div = report.divergence
+    assert (div.batch, div.line, div.index, div.call_id, div.field) == (3, 4, 0, "6", "content")
+    assert (div.expected, div.got) == ("something else", "x")
 
 
 async def test_a_truncated_last_line_is_reported_and_the_rest_replays(tmp_path: Path) -> None:
@@ -159,7 +175,7 @@ async def test_a_session_driven_by_invoke_replays_clean(tmp_path: Path) -> None:
 
 async def test_calls_json_cannot_hold_as_is_never_cost_the_batch(tmp_path: Path) -> None:
     """A lone surrogate in a call is recorded escaped and replays; arguments JSON cannot hold
-    at all (a key that is not text) end the recording, and the batch still answers."""
+    (a key that is not text) are recorded as a placeholder that pass 1 decides the same way."""
     path = tmp_path / "s.jsonl"
     d = Dispatcher(fake_registry(Counter(), {}))
     s = d.session("rec", record=path)
@@ -171,8 +187,10 @@ async def test_calls_json_cannot_hold_as_is_never_cost_the_batch(tmp_path: Path)
     assert report.ok and report.calls == 2
     [r] = await s.dispatch([ToolCall("3", "echo", {(1, 2): "x"})])  # type: ignore[dict-item]
     assert r.status is Status.invalid_arguments
-    assert isinstance(s.recorder.problem, TypeError)  # type: ignore[union-attr]
-    assert (await replay(path, Dispatcher(fake_registry(Counter(), {})))).calls == 2
+    assert s.recorder is not None and s.recorder.problem is None
+    assert _records(path)[2]["calls"][0]["arguments"] == {"$opaque:tuple:(1, 2)": "x"}
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.calls == 3, report.divergence
 
 
 # --- no secrets at rest -------------------------------------------------------------------------
@@ -216,10 +234,6 @@ def _secret_request(call_id: str, header: str = SECRETS["header"]) -> ToolCall:
             "auth": {"password": SECRETS["nested"]},
         },
     )
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 async def test_a_recording_holds_markers_not_secrets_and_replays(tmp_path: Path) -> None:
