@@ -566,20 +566,22 @@ def _read(path: str | os.PathLike[str]) -> _Recording:
     for at in range(1, len(parsed)):
         number, raw, record = parsed[at]
         kind = record.get("type")
+        wrong: str | None = None
         if kind is None:
-            problem = f"line {number}: a record without 'type'"
+            wrong = f"line {number}: a record without 'type'"
         elif kind == "header":
-            problem = f"line {number}: a second header"
+            wrong = f"line {number}: a second header"
         elif kind == "batch":
             shape = _batch_problem(record, chained)
-            problem = None if shape is None else f"line {number}: {shape}"
+            wrong = None if shape is None else f"line {number}: {shape}"
         elif chained and not (_is_int(record.get("seq")) and isinstance(record.get("prev"), str)):
-            problem = f"line {number}: a {kind!r} record without 'seq' or 'prev'"
-        if problem is None and chained:
-            problem = _chain_problem(parsed, at, seq_before, hash_before)
-            if problem == _edited(number - 1) and batches and batches[-1][0] == number - 1:
+            wrong = f"line {number}: a {kind!r} record without 'seq' or 'prev'"
+        if wrong is None and chained:
+            wrong = _chain_problem(parsed, at, seq_before, hash_before)
+            if wrong == _edited(number - 1) and batches and batches[-1][0] == number - 1:
                 batches.pop()  # the edited record: not replayed as if it were the recording
-        if problem is not None:
+        if wrong is not None:
+            problem = wrong  # earlier in the file than a line that could not be read
             break
         if kind == "batch":
             batches.append((number, record))

@@ -390,3 +390,123 @@ async def test_http_request_to_an_echoing_server_records_no_secret(tmp_path: Pat
     assert [e for e in echoed if e.encode() in text] == []
     report = await replay(path, Dispatcher(default_registry(ws, include=["web"], allow_private_network=True)))
     assert report.ok and report.fingerprint_matches, report.divergence
+
+
+# --- the hash chain: tampering is reported by line -------------------------------------------
+
+
+def _delete_line_3(lines: list[str]) -> list[str]:
+    return lines[:2] + lines[3:]
+
+
+def _swap_lines_3_and_4(lines: list[str]) -> list[str]:
+    return [lines[0], lines[1], lines[3], lines[2], lines[4]]
+
+
+def _duplicate_line_3(lines: list[str]) -> list[str]:
+    return lines[:3] + lines[2:]
+
+
+def _edit_a_result_on_line_3(lines: list[str]) -> list[str]:
+    record = json.loads(lines[2])
+    record["results"][0]["content"] = "something else"
+    return [*lines[:2], json.dumps(record), *lines[3:]]
+
+
+def _empty_line_3(lines: list[str]) -> list[str]:
+    return [*lines[:2], "{}", *lines[3:]]
+
+
+def _without(field: str) -> Any:
+    def drop(lines: list[str]) -> list[str]:
+        record = json.loads(lines[2])
+        del record[field]
+        return [*lines[:2], json.dumps(record), *lines[3:]]
+
+    return drop
+
+
+def _drop_a_status_on_line_3(lines: list[str]) -> list[str]:
+    record = json.loads(lines[2])
+    del record["results"][1]["status"]
+    return [*lines[:2], json.dumps(record), *lines[3:]]
+
+
+def _edit_the_header(lines: list[str]) -> list[str]:
+    header = json.loads(lines[0])
+    header["mode"] = "direct"
+    return [json.dumps(header), *lines[1:]]
+
+
+def _garble_line_4(lines: list[str]) -> list[str]:
+    return [*lines[:3], lines[3][:-5], *lines[4:]]
+
+
+TAMPERING = [
+    (_delete_line_3, "line 3: record seq 3 follows seq 1 (a record is missing)", 1),
+    (_swap_lines_3_and_4, "line 3: record seq 3 follows seq 1 (out of order: seq 2 is on line 4)", 1),
+    (_duplicate_line_3, "line 4: a duplicate of line 3 (record seq 2)", 2),
+    (_edit_a_result_on_line_3, "line 3: edited (its hash does not match the next record's prev)", 1),
+    (_empty_line_3, "line 3: a record without 'type'", 1),
+    (_without("results"), "line 3: the batch record has no 'results'", 1),
+    (_without("plan"), "line 3: the batch record has no 'plan'", 1),
+    (_without("run"), "line 3: the batch record has no 'run'", 1),
+    (_without("prev"), "line 3: the batch record has no 'prev'", 1),
+    (_drop_a_status_on_line_3, "line 3: results[1] has no 'status'", 1),
+    (_edit_the_header, "line 1: edited (its hash does not match the next record's prev)", 0),
+    (_garble_line_4, "line 4 is not a JSON record: ", 2),
+]
+
+
+async def test_every_kind_of_tampering_is_named_by_its_line(tmp_path: Path) -> None:
+    """A deleted, moved, duplicated, edited, emptied or incomplete record is a problem naming
+    its line and what is wrong, never an exception; the batches before it replay."""
+    original = tmp_path / "s.jsonl"
+    await record_session(original, Counter(), {"a": "v1"})
+    lines = original.read_text().splitlines()
+    assert len(lines) == 5
+    for tamper, problem, replayed in TAMPERING:
+        path = tmp_path / f"{tamper.__name__}.jsonl"
+        path.write_text("".join(line + "\n" for line in tamper(lines)))
+        report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+        assert report.problem is not None and report.problem.startswith(problem), (tamper, report.problem)
+        assert not report.ok and report.divergence is None and not report.truncated, tamper
+        assert report.batches == replayed, (tamper, report.batches)
+
+
+async def test_the_chain_links_every_record_to_the_line_before(tmp_path: Path) -> None:
+    """The header is seq 0; each batch has the next seq and the xxh3-64 of the previous line."""
+    path = tmp_path / "s.jsonl"
+    await record_session(path, Counter(), {"a": "v1"})
+    lines = path.read_bytes().split(b"\n")[:-1]
+    records = [json.loads(line) for line in lines]
+    assert [r["seq"] for r in records] == [0, 1, 2, 3, 4]
+    assert [r["prev"] for r in records[1:]] == [line_hash(line) for line in lines[:-1]]
+    assert "prev" not in records[0] and records[0]["format"] == 2
+
+
+async def test_a_recorder_opened_on_a_recording_goes_on_with_its_chain(tmp_path: Path) -> None:
+    """A second session recording into the same file continues the numbering and the chain."""
+    path = tmp_path / "s.jsonl"
+    d = Dispatcher(fake_registry(Counter(), {}))
+    await d.session("one", record=path).dispatch([call("1", "echo", text="x")])
+    await d.session("two", record=path).dispatch([call("2", "echo", text="y")])
+    assert [r["seq"] for r in _records(path)] == [0, 1, 2]
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.calls == 2, (report.problem, report.divergence)
+
+
+async def test_a_recording_without_the_chain_replays_with_a_warning(tmp_path: Path) -> None:
+    """A format 1 recording (no seq, no prev) replays, with a warning that it cannot be checked."""
+    path = tmp_path / "s.jsonl"
+    await record_session(path, Counter(), {"a": "v1"})
+    records = _records(path)
+    for record in records:
+        record.pop("seq", None)
+        record.pop("prev", None)
+        record.pop("tools", None)
+    records[0]["format"] = 1
+    _rewrite(path, records)
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.calls == 8
+    assert len(report.warnings) == 1 and "cannot be detected" in report.warnings[0]
