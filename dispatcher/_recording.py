@@ -76,9 +76,9 @@ def line_hash(line: bytes) -> str:
 
 def _json_safe(value: Any, secrets: set[str], *, depth: int = 0) -> tuple[Any, bool]:
     """(`value` as JSON can hold it, whether a placeholder stands in somewhere). What JSON
-    holds as is stays; a tuple is a list (as JSON writes it); anything else, a key that
-    JSON would not turn into text included, becomes a placeholder naming its type, with
-    its repr (credentials in it replaced by markers)."""
+    holds as is stays; a tuple is tagged as one; anything else, a key that JSON would not
+    turn into text included, becomes a placeholder naming its type, with its repr
+    (credentials in it replaced by markers)."""
     if value is None or isinstance(value, str | bool | int | float):
         return value, False
     if depth > 200:  # deeper than anything a model sends: kept as one placeholder
@@ -98,7 +98,10 @@ def _json_safe(value: Any, secrets: set[str], *, depth: int = 0) -> tuple[Any, b
         return out, opaque
     if isinstance(value, list | tuple):
         items = [_json_safe(v, secrets, depth=depth + 1) for v in value]
-        return [v for v, _ in items], any(o for _, o in items)
+        if isinstance(value, list):
+            return [v for v, _ in items], any(o for _, o in items)
+        # a tuple is a list to JSON, but not in a repr that pass 1 may quote
+        return {_OPAQUE: "tuple", "items": [v for v, _ in items]}, True
     return _placeholder(value, secrets), True
 
 
@@ -131,6 +134,11 @@ def _stand_in(type_name: str, text: str) -> Any:
                 "__repr__": lambda self: self._text,
                 "__eq__": lambda self, other: type(other) is type(self) and other._text == self._text,
                 "__hash__": lambda self: hash(self._text),
+                # ordered among themselves only, as keys of one type are and keys of two
+                # types are not: sorting keys fails, or not, as it did for the originals
+                "__lt__": lambda self, other: (
+                    self._text < other._text if type(other) is type(self) else NotImplemented
+                ),
             },
         )
     return cls(text)
@@ -141,6 +149,8 @@ def _from_json_safe(value: Any) -> Any:
     if isinstance(value, dict):
         if set(value) == {_OPAQUE, "repr"}:
             return _stand_in(str(value[_OPAQUE]), str(value["repr"]))
+        if set(value) == {_OPAQUE, "items"} and value[_OPAQUE] == "tuple":
+            return tuple(_from_json_safe(v) for v in value["items"])
         out: dict[Any, Any] = {}
         for k, v in value.items():
             if k.startswith(f"{_OPAQUE}:"):
@@ -204,9 +214,12 @@ def _replayed_call(recorded: Mapping[str, Any]) -> Any:
     opaque = bool(recorded.get("opaque"))
     if "raw" in recorded:
         return _from_json_safe(recorded["raw"]) if opaque else recorded["raw"]
-    if not opaque:
-        return recorded
-    return {**recorded, "arguments": _from_json_safe(recorded.get("arguments"))}
+    # a ToolCall, not the dict: reading the dict would take arguments that are false (0,
+    # [], False) for none at all, where pass 1 refused them
+    arguments: Any = recorded.get("arguments")  # as received: of any type, as the model sent it
+    if opaque:
+        arguments = _from_json_safe(arguments)
+    return ToolCall(str(recorded.get("id", "")), str(recorded.get("name", "")), arguments)
 
 
 def _recorded_key(planned: PlannedCall, secrets: set[str]) -> str | None:

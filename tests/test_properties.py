@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -12,7 +14,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher import Dispatcher, DispatchInterrupted, Interrupt, Registry, Status, Tool, ToolCall
+from dispatcher import Dispatcher, DispatchInterrupted, Interrupt, Registry, Status, Tool, ToolCall, replay
 
 SCHEMA = {"type": "object", "properties": {"v": {"type": "string"}, "path": {"type": "string"}}}
 
@@ -153,3 +155,67 @@ def test_random_batches_keep_every_promise(
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert world.most <= limit
     assert not world.alone_violated
+
+
+# --- junk calls, with the recording on and off --------------------------------------------
+
+junk_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.binary(max_size=6),
+    st.text(max_size=6),
+    st.lists(st.integers(), max_size=3),
+    st.tuples(st.integers()),
+    st.builds(object),
+    st.dictionaries(
+        st.text(max_size=3), st.one_of(st.integers(), st.binary(max_size=3), st.text(max_size=3))
+    ),
+    st.dictionaries(st.tuples(st.integers()), st.integers(), min_size=1, max_size=2),
+    st.dictionaries(st.sampled_from(["v", "path"]), values, min_size=1),
+)
+junk_names = st.sampled_from(["fast", "slow", "read", "edit", "fail", "nope", ""])
+junk_call = st.one_of(
+    junk_values,  # the call itself
+    st.builds(lambda n, a: ToolCall("j", n, a), junk_names, junk_values),
+    st.builds(
+        lambda n, a: {"id": "o", "type": "function", "function": {"name": n, "arguments": a}},
+        junk_names,
+        junk_values,
+    ),
+    st.builds(lambda n, a: {"type": "tool_use", "id": "t", "name": n, "input": a}, junk_names, junk_values),
+    st.builds(
+        lambda n, v, p: ToolCall("g", n, json.dumps(args_for(n, v, p))),
+        names.filter(lambda n: n != "danger"),
+        values,
+        values,
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rounds=st.lists(st.lists(junk_call, max_size=6), min_size=1, max_size=3))
+def test_junk_calls_never_raise_and_record_and_replay(rounds: list[list[Any]]) -> None:
+    """Calls of any shape and arguments of any type: with the recording on or off, every batch
+    returns one result per call, the same results, and the recording replays clean."""
+
+    async def dispatch_all(record: Path | None) -> list[list[tuple[str, str, str]]]:
+        s = Dispatcher(build(World())).session("junk", record=record)
+        answers = []
+        for calls in rounds:
+            results = await s.dispatch(calls)
+            assert len(results) == len(calls)
+            answers.append([(r.call_id, r.status.value, r.content) for r in results])
+        assert s.recorder is None or s.recorder.problem is None
+        return answers
+
+    clock = trio.testing.MockClock
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "junk.jsonl"
+        recorded = trio.run(dispatch_all, path, clock=clock(autojump_threshold=0))
+        unrecorded = trio.run(dispatch_all, None, clock=clock(autojump_threshold=0))
+        assert recorded == unrecorded
+        report = trio.run(replay, path, Dispatcher(build(World())), clock=clock(autojump_threshold=0))
+        assert report.ok, (report.problem, report.divergence)
+        assert (report.batches, report.calls) == (len(rounds), sum(len(calls) for calls in rounds))

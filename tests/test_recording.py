@@ -510,3 +510,76 @@ async def test_a_recording_without_the_chain_replays_with_a_warning(tmp_path: Pa
     report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
     assert report.ok and report.calls == 8
     assert len(report.warnings) == 1 and "cannot be detected" in report.warnings[0]
+
+
+# --- divergences ----------------------------------------------------------------------------
+
+
+async def test_a_pass_1_decision_that_changed_is_a_divergence(tmp_path: Path) -> None:
+    """A call pass 1 rejected then and decides otherwise now (a tool of that name, requiring an
+    argument, was added) diverges on its status; the registry change is a warning naming it."""
+    path = tmp_path / "s.jsonl"
+    await record_session(path, Counter(), {"a": "v1"})
+    reg = fake_registry(Counter(), {})
+    needs_x = {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}
+    reg.add(Tool("nope", "Now it exists.", lambda a, c: "ran", needs_x, deferred=False))
+    report = await replay(path, Dispatcher(reg))
+    div = report.divergence
+    assert div is not None and report.problem is None
+    assert (div.batch, div.line, div.index, div.call_id, div.field) == (1, 2, 2, "3", "status")
+    assert (div.expected, div.got) == ("rejected", "invalid_arguments")
+    assert report.warnings == ("the tools differ from those the recording was made with: nope added",)
+
+
+async def test_a_long_content_shows_a_window_around_its_first_difference(tmp_path: Path) -> None:
+    """A 20,000-character result differing at offset 10,000 is shown as a short window there,
+    with the offset and "…" marks, whatever the length."""
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(fake_registry(Counter(), {})).session("rec", record=path)
+    text = "ab" * 10_000
+    await s.dispatch([call("1", "echo", text=text)])
+    await s.dispatch([call("2", "echo", text=text)])  # deduped: its content comes from call 1
+    records = _records(path)
+    records[2]["results"][0]["content"] = text[:10_000] + "X" + text[10_001:]
+    _rewrite(path, records, rechain=True)
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    div = report.divergence
+    assert div is not None and (div.batch, div.index, div.call_id, div.field) == (2, 0, "2", "content")
+    shown = str(div)
+    assert shown.startswith("batch 2 (line 3), call 0 (2): content differs at offset 10000: ")
+    assert "expected …'ababababababababababXbababababababababab'…" in shown
+    assert "got …'abababababababababababababababababababab'…" in shown
+    assert len(shown) < 200 and len(div.expected) == len(div.got) == 20_000
+
+
+async def test_the_earliest_differing_call_is_blamed(tmp_path: Path) -> None:
+    """Two calls of a batch differ (an edited pass-1 answer at index 1, an edited key at index
+    2 that pass 2 meets first): the one reported is index 1."""
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(fake_registry(Counter(), {})).session("rec", record=path)
+    await s.dispatch([call("1", "echo", text="a"), call("2", "nope"), call("3", "echo", text="b")])
+    records = _records(path)
+    records[1]["results"][1]["content"] = "edited answer"
+    records[1]["plan"][2]["key"] = "0" * 32
+    _rewrite(path, records, rechain=True)
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    div = report.divergence
+    assert div is not None and (div.index, div.call_id, div.field) == (1, "2", "content")
+    assert div.expected == "edited answer" and "Tool not found: nope" in div.got
+
+
+async def test_a_changed_description_is_a_warning_naming_the_tool(tmp_path: Path) -> None:
+    """A registry whose `echo` has a new description replays on with a warning that names it."""
+    path = tmp_path / "s.jsonl"
+    await record_session(path, Counter(), {"a": "v1"})
+    reg = fake_registry(Counter(), {})
+    echo = reg.get("echo")
+    reg.remove("echo")
+    reg.add(
+        Tool("echo", "Say the text back.", echo.handler, echo.parameters, concurrent=True, deferred=False)
+    )
+    report = await replay(path, Dispatcher(reg))
+    assert not report.fingerprint_matches and report.ok and report.batches == 4
+    assert report.warnings == (
+        "the tools differ from those the recording was made with: echo changed (description)",
+    )
