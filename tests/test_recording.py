@@ -583,3 +583,67 @@ async def test_a_changed_description_is_a_warning_naming_the_tool(tmp_path: Path
     assert report.warnings == (
         "the tools differ from those the recording was made with: echo changed (description)",
     )
+
+
+# --- recording never raises into a batch ----------------------------------------------------
+
+
+async def test_calls_of_any_shape_are_recorded_as_received_and_replay(tmp_path: Path) -> None:
+    """A call that is a list, number, bool, bytes, None or object, and arguments of those types,
+    are recorded (raw, or as a placeholder naming the type) and replay to the same answers."""
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(fake_registry(Counter(), {})).session("rec", record=path)
+    odd: list[Any] = [[1, 2], 3, True, b"x", None, object()]
+    odd += [ToolCall(f"a{i}", "echo", a) for i, a in enumerate([[1], 2.5, False, b"y", None, object()])]  # type: ignore[arg-type]
+    results = await s.dispatch([call("1", "echo", text="x"), *odd])
+    assert len(results) == 1 + len(odd) and results[0].ok
+    assert [r.status for r in results[1:]] == [Status.invalid_arguments] * len(odd)
+    assert s.recorder is not None and s.recorder.problem is None
+    calls = _records(path)[1]["calls"]
+    assert calls[1:4] == [{"raw": [1, 2]}, {"raw": 3}, {"raw": True}]
+    assert calls[4] == {"raw": {"$opaque": "bytes", "repr": "b'x'"}, "opaque": True}
+    assert calls[10] == {
+        "id": "a3",
+        "name": "echo",
+        "arguments": {"$opaque": "bytes", "repr": "b'y'"},
+        "opaque": True,
+    }
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.calls == 1 + len(odd), report.divergence
+
+
+def test_record_batch_never_raises(tmp_path: Path, caplog: Any) -> None:
+    """A batch the recorder cannot make a record of (here a plan that does not match its
+    results) stops the recording with `problem`, logged once, and raises nothing."""
+    from dispatcher._plan import Plan
+
+    recorder = Recorder(
+        tmp_path / "s.jsonl", registry=_echo_registry(Counter()), session_id="s", mode="deferred"
+    )
+    for _ in range(2):
+        recorder.record_batch(
+            run_id=1,
+            round=1,
+            calls=[ToolCall("1", "echo", {})],
+            plan=Plan(calls=(), groups=()),
+            results=[None],
+            decisions={},
+            control=None,
+        )
+    assert isinstance(recorder.problem, ValueError)
+    assert sum("failed and stops here" in r.getMessage() for r in caplog.records) == 1
+    assert not (tmp_path / "s.jsonl").exists()
+
+
+async def test_a_format_1_call_that_was_unreadable_still_replays(tmp_path: Path) -> None:
+    """Format 1 wrote an unreadable call as its repr; replay hands pass 1 that text, as before."""
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(fake_registry(Counter(), {})).session("rec", record=path)
+    await s.dispatch(["not a call"])
+    records = _records(path)
+    records[0] = {k: v for k, v in records[0].items() if k not in ("seq", "tools")} | {"format": 1}
+    records[1] = {k: v for k, v in records[1].items() if k not in ("seq", "prev")}
+    records[1]["calls"] = [{"unreadable": "not a call"}]
+    _rewrite(path, records)
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.calls == 1 and report.warnings
