@@ -195,12 +195,10 @@ def _call_json(item: Any, secrets: set[str]) -> dict[str, Any]:
     try:
         call = ToolCall.parse(item)
     except (TypeError, ValueError):
-        raw, opaque = _json_safe(item, secrets)
+        # a mapping of no known shape may still hold credentials: redacted like arguments
+        raw, opaque = _json_safe(_redacted(item, secrets) if isinstance(item, Mapping) else item, secrets)
         return {"raw": raw, "opaque": True} if opaque else {"raw": raw}
     arguments, opaque = _json_safe(_redacted(call.arguments, secrets), secrets)
-    # top-level arguments that are another kind of mapping are read by pass 1 as a dict
-    if opaque and isinstance(call.arguments, Mapping) and type(call.arguments) is not dict:
-        arguments, opaque = _json_safe(dict(_redacted(call.arguments, secrets)), secrets)
     recorded = {"id": str(call.id), "name": str(call.name), "arguments": arguments}
     if opaque:
         recorded["opaque"] = True

@@ -647,3 +647,17 @@ async def test_a_format_1_call_that_was_unreadable_still_replays(tmp_path: Path)
     _rewrite(path, records)
     report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
     assert report.ok and report.calls == 1 and report.warnings
+
+
+async def test_a_call_of_no_known_shape_is_recorded_without_its_secrets(tmp_path: Path) -> None:
+    """A mapping that is not a tool call is recorded raw, its credentials redacted, and replays."""
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(fake_registry(Counter(), {})).session("rec", record=path)
+    [r] = await s.dispatch([{"id": "x", "tool": "echo", "api_key": SECRETS["arg"]}])
+    assert r.status is Status.invalid_arguments
+    assert SECRETS["arg"].encode() not in path.read_bytes()
+    assert _records(path)[1]["calls"][0] == {
+        "raw": {"id": "x", "tool": "echo", "api_key": redact(SECRETS["arg"])}
+    }
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok, report.divergence
