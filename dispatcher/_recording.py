@@ -435,12 +435,8 @@ def _is_int(value: Any) -> bool:
 
 
 def _header_problem(header: Mapping[str, Any]) -> str | None:
-    if header.get("format") == FORMAT_VERSION and header.get("seq") != 0:
-        return (
-            "line 1: the header has no 'seq' 0"
-            if "seq" not in header
-            else "line 1: the header's seq is not 0"
-        )
+    if header.get("format") == FORMAT_VERSION and not (_is_int(header.get("seq")) and header["seq"] == 0):
+        return "line 1: the header's 'seq' is missing or not 0"
     if not isinstance(header.get("fingerprint", ""), str):
         return "line 1: the header's 'fingerprint' is not text"
     if header.get("mode", "deferred") not in _MODES:
@@ -488,7 +484,7 @@ def _batch_problem(record: Mapping[str, Any], chained: bool) -> str | None:
         for name in ("call_id", "name", "status", "content"):
             if name not in result:
                 return f"results[{i}] has no {name!r}"
-        if result["status"] not in _STATUSES:
+        if not isinstance(result["status"], str) or result["status"] not in _STATUSES:
             return f"results[{i}]'s status {result['status']!r} is not a status"
         if not all(isinstance(result[n], str) for n in ("call_id", "name", "content")):
             return f"results[{i}]'s 'call_id', 'name' or 'content' is not text"
@@ -558,9 +554,9 @@ def _read(path: str | os.PathLike[str]) -> _Recording:
         return _Recording({}, [], truncated, problem or f"line 1: {path} has no recording header", ())
     header = parsed[0][2]
     version = header.get("format")
-    if version not in (FORMAT_VERSION, _UNCHAINED_FORMAT):
+    if not _is_int(version) or version not in (FORMAT_VERSION, _UNCHAINED_FORMAT):
         return _Recording(
-            header, [], truncated, f"recording format {version!r}, expected {FORMAT_VERSION}", ()
+            header, [], truncated, f"line 1: recording format {version!r}, expected {FORMAT_VERSION}", ()
         )
     header_problem = _header_problem(header)
     if header_problem is not None:
@@ -809,7 +805,7 @@ async def replay(
             batches, calls, divergence, truncated, fingerprint_ok, header, problem, tuple(warnings)
         )
 
-    if not header:
+    if not recording.batches:  # nothing to replay (or a header that says nothing usable)
         return report(0, 0, None)
     session = dispatcher.session(f"replay:{header.get('session', '')}", mode=header.get("mode", "deferred"))
     calls_seen = 0

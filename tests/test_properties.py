@@ -219,3 +219,68 @@ def test_junk_calls_never_raise_and_record_and_replay(rounds: list[list[Any]]) -
         report = trio.run(replay, path, Dispatcher(build(World())), clock=clock(autojump_threshold=0))
         assert report.ok, (report.problem, report.divergence)
         assert (report.batches, report.calls) == (len(rounds), sum(len(calls) for calls in rounds))
+
+
+_RECORDED: list[str] = []  # the lines of one recorded session, made once
+
+
+def _record_a_session(path: Path) -> None:
+    async def main() -> None:
+        s = Dispatcher(build(World())).session("rec", record=path)
+        await s.dispatch([ToolCall("1", "fast", '{"v": "a"}'), ToolCall("2", "nope", {}), [1]])
+        await s.dispatch(
+            [ToolCall("3", "edit", {"path": "a", "v": "b"}), ToolCall("4", "read", {"path": "a"})]
+        )
+        await s.dispatch([ToolCall("5", "fast", {"v": "a"}), ToolCall("6", "fail", {"v": "a"})])
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def _mutate(value: Any, path: list[int], junk: Any) -> Any:
+    """`value` with the node that `path` picks (each step an index into the keys or items
+    seen there) replaced by `junk`, or removed when `junk` is the string "<delete>"."""
+    if not path or not isinstance(value, dict | list) or not value:
+        return junk
+    keys = list(value) if isinstance(value, dict) else list(range(len(value)))
+    key = keys[path[0] % len(keys)]
+    copy: Any = dict(value) if isinstance(value, dict) else list(value)
+    if len(path) == 1 and junk == "<delete>":
+        del copy[key]
+    else:
+        copy[key] = _mutate(copy[key], path[1:], junk)
+    return copy
+
+
+junk_json = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.text(max_size=4),
+    st.just([]),
+    st.just({}),
+    st.just("<delete>"),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(line=st.integers(0, 3), path=st.lists(st.integers(0, 20), max_size=4), junk=junk_json)
+def test_a_recording_edited_anywhere_never_raises_in_replay(line: int, path: list[int], junk: Any) -> None:
+    """Any field of any record replaced by junk or removed: replay never raises, and a change
+    to a line that has a successor is a problem naming that line (or the one its `prev` names)."""
+    with tempfile.TemporaryDirectory() as folder:
+        recording = Path(folder) / "s.jsonl"
+        if not _RECORDED:
+            _record_a_session(recording)
+            _RECORDED.extend(recording.read_text().splitlines())
+        lines = list(_RECORDED)
+        edited = json.dumps(_mutate(json.loads(lines[line]), path, junk))
+        changed, lines[line] = edited != lines[line], edited
+        recording.write_text("".join(text + "\n" for text in lines))
+        clock = trio.testing.MockClock(autojump_threshold=0)
+        report = trio.run(replay, recording, Dispatcher(build(World())), clock=clock)
+        assert report.batches <= 3
+        if changed and line < 3:  # a line with a successor: the chain sees any change
+            assert report.problem is not None, report
+            # the edited line is named, or the one before when its `prev` is what changed
+            named = int(report.problem.split(":")[0].split()[1])
+            assert named in (line, line + 1), report.problem
