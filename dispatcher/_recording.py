@@ -610,7 +610,7 @@ def read_recording(
 
 # --- replay -----------------------------------------------------------------------------
 
-_WINDOW = 40  # characters of each side shown around the first difference
+_WINDOW = 40  # characters of each text shown around their first difference
 
 
 def _first_difference(a: str, b: str) -> int:
@@ -623,7 +623,7 @@ def _first_difference(a: str, b: str) -> int:
     return min(at, end)
 
 
-def compact_diff(expected: str, got: str, width: int = _WINDOW) -> str:
+def _compact_diff(expected: str, got: str, width: int = _WINDOW) -> str:
     """`expected` and `got` around their first difference: the offset, then a window of
     about `width` characters of each, "…" where the text goes on."""
     at = _first_difference(expected, got)
@@ -653,7 +653,7 @@ class Divergence:
     def __str__(self) -> str:
         batch = f"batch {self.batch}" if self.line is None else f"batch {self.batch} (line {self.line})"
         where = f"{batch}, call {self.index} ({self.call_id})" if self.index >= 0 else batch
-        return f"{where}: {self.field or 'value'} differs {compact_diff(self.expected, self.got)}"
+        return f"{where}: {self.field or 'value'} differs {_compact_diff(self.expected, self.got)}"
 
 
 @attrs.frozen
