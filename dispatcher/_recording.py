@@ -797,7 +797,7 @@ async def replay(
     header, truncated, problem = recording.header, recording.truncated, recording.problem
     warnings = list(recording.warnings)
     fingerprint_ok = header.get("fingerprint") == dispatcher.registry.fingerprint()
-    if header and not fingerprint_ok:
+    if "fingerprint" in header and not fingerprint_ok:
         warnings.append(_registry_drift(header, dispatcher.registry))
 
     def report(batches: int, calls: int, divergence: Divergence | None) -> ReplayReport:
