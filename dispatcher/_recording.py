@@ -1,13 +1,29 @@
 """Recording a session to JSONL, and replaying it offline through the same three passes.
 
-A recording is a header line (format version, registry fingerprint, caller's metadata)
-then one line per committed batch: the calls as given, the gate decisions, how pass 1
-decided each call, and the results. Each line is written whole with one `write`, so a
-crash can at worst leave a truncated last line; replay reports it and replays the rest.
+A recording is a header line (format version, registry fingerprint and a hash per tool,
+caller's metadata) then one line per committed batch: the calls as given, the gate
+decisions, how pass 1 decided each call, and the results. Each line is written whole with
+one `write`, so a crash can at worst leave a truncated last line; replay reports it and
+replays the rest.
+
+Every line carries `seq` (the header 0, each batch the next number) and every batch
+`prev`, the xxh3-64 of the previous line's bytes as written: a hash chain, so that a
+record deleted, duplicated, moved or edited in the middle of the file is reported with
+its line number instead of replaying as if nothing happened. It shows accidents and
+careless edits; it is no signature (anyone can recompute it), and the last record has no
+successor to vouch for it. Format 1 recordings, made before the chain, still replay,
+with a warning that they cannot be checked.
+
+Recording never raises into a batch: a call is recorded as received, whatever it is (a
+value JSON cannot hold is written as a tagged placeholder naming its type, with its
+repr, which replay turns back into a stand-in that pass 1 decides the same way), and a
+record that cannot be written at all ends the recording (`Recorder.problem`, logged
+once) while the batch's results still reach the caller.
 
 Replay runs no tool: pass 2's runner serves the recorded result of each call that runs,
-the gate answers with the recorded decision, and the first place where the passes
-decide otherwise than the recording says is reported as a `Divergence`.
+the gate answers with the recorded decision, and every result, those pass 1 decided
+included, is compared in call order with the recorded one; the first that differs is
+reported as a `Divergence`.
 
 No secret is written (`_credentials` says what counts as one): arguments, gate
 decisions and the plan's keys are those of the redacted arguments, and each secret of a
@@ -15,7 +31,7 @@ batch that a result echoes (at least `MIN_ECHO_LENGTH` characters) is replaced i
 result's text by its marker. A call's arguments that are a JSON text which is not an
 object are kept as they are. Replay treats the calls and results it makes the same way
 before comparing, so the same secret matches and a different one diverges. The file is
-created 0600.
+created 0600; the chain hashes each line as written, after redaction.
 """
 
 from __future__ import annotations
@@ -28,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import xxhash
 
 from ._credentials import credential_values, redact_arguments, redact_text
 from ._exceptions import DispatchInterrupted, HookBlocked
@@ -41,13 +58,119 @@ if TYPE_CHECKING:
 
 __all__ = ["FORMAT_VERSION", "Divergence", "Recorder", "ReplayReport", "read_recording", "replay"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_UNCHAINED_FORMAT = 1  # before the hash chain: replayed, with a warning
 _PRIVATE_FILE = 0o600
+_OPAQUE = "$opaque"  # the tag of a value JSON cannot hold, in a record marked "opaque"
+
+log = logging.getLogger("threepass.recording")
 
 
-def _redacted(arguments: Mapping[str, Any] | str, secrets: set[str]) -> Mapping[str, Any] | str:
+def line_hash(line: bytes) -> str:
+    """The chain's hash of one line as written, without its newline."""
+    return xxhash.xxh3_64_hexdigest(line)
+
+
+# --- values JSON cannot hold ------------------------------------------------------------
+
+
+def _json_safe(value: Any, secrets: set[str], *, depth: int = 0) -> tuple[Any, bool]:
+    """(`value` as JSON can hold it, whether a placeholder stands in somewhere). What JSON
+    holds as is stays; a tuple is tagged as one; anything else, a key that JSON would not
+    turn into text included, becomes a placeholder naming its type, with its repr
+    (credentials in it replaced by markers)."""
+    if value is None or isinstance(value, str | bool | int | float):
+        return value, False
+    if depth > 200:  # deeper than anything a model sends: kept as one placeholder
+        return _placeholder(value, secrets), True
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        opaque = False
+        for k, v in value.items():
+            if isinstance(k, str):
+                name = k
+            elif k is None or isinstance(k, bool | int | float):
+                name = json.dumps(k)  # as json.dumps writes such a key
+            else:
+                name, opaque = f"{_OPAQUE}:{type(k).__name__}:{_safe_repr(k, secrets)}", True
+            out[name], inner = _json_safe(v, secrets, depth=depth + 1)
+            opaque = opaque or inner
+        return out, opaque
+    if isinstance(value, list | tuple):
+        items = [_json_safe(v, secrets, depth=depth + 1) for v in value]
+        if isinstance(value, list):
+            return [v for v, _ in items], any(o for _, o in items)
+        # a tuple is a list to JSON, but not in a repr that pass 1 may quote
+        return {_OPAQUE: "tuple", "items": [v for v, _ in items]}, True
+    return _placeholder(value, secrets), True
+
+
+def _safe_repr(value: Any, secrets: set[str]) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # a repr that fails says so rather than failing the record
+        text = f"<{type(value).__name__} whose repr raised {type(exc).__name__}>"
+    return redact_text(text, secrets)
+
+
+def _placeholder(value: Any, secrets: set[str]) -> dict[str, str]:
+    return {_OPAQUE: type(value).__name__, "repr": _safe_repr(value, secrets)}
+
+
+_STAND_INS: dict[str, type] = {}
+
+
+def _stand_in(type_name: str, text: str) -> Any:
+    """An object of a class named `type_name` whose repr is `text`: what pass 1 says about a
+    value it cannot use (its type's name, its repr) it says the same about this one."""
+    cls = _STAND_INS.get(type_name)
+    if cls is None:
+        cls = _STAND_INS[type_name] = type(
+            type_name,
+            (),
+            {
+                "__slots__": ("_text",),
+                "__init__": lambda self, t: object.__setattr__(self, "_text", t),
+                "__repr__": lambda self: self._text,
+                "__eq__": lambda self, other: type(other) is type(self) and other._text == self._text,
+                "__hash__": lambda self: hash(self._text),
+                # ordered among themselves only, as keys of one type are and keys of two
+                # types are not: sorting keys fails, or not, as it did for the originals
+                "__lt__": lambda self, other: (
+                    self._text < other._text if type(other) is type(self) else NotImplemented
+                ),
+            },
+        )
+    return cls(text)
+
+
+def _from_json_safe(value: Any) -> Any:
+    """`_json_safe`'s output with each placeholder back as a stand-in."""
+    if isinstance(value, dict):
+        if set(value) == {_OPAQUE, "repr"}:
+            return _stand_in(str(value[_OPAQUE]), str(value["repr"]))
+        if set(value) == {_OPAQUE, "items"} and value[_OPAQUE] == "tuple":
+            return tuple(_from_json_safe(v) for v in value["items"])
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            if k.startswith(f"{_OPAQUE}:"):
+                _, type_name, text = k.split(":", 2)
+                out[_stand_in(type_name, text)] = _from_json_safe(v)
+            else:
+                out[k] = _from_json_safe(v)
+        return out
+    if isinstance(value, list):
+        return [_from_json_safe(v) for v in value]
+    return value
+
+
+# --- what a batch record holds ------------------------------------------------------------
+
+
+def _redacted(arguments: Any, secrets: set[str]) -> Any:
     """`arguments` with their credentials replaced by markers; the secrets go to `secrets`.
-    Arguments given as JSON text stay text (rewritten only when they hold a credential)."""
+    Arguments given as JSON text stay text (rewritten only when they hold a credential);
+    arguments that are neither text nor a mapping are left for `_json_safe`."""
     if isinstance(arguments, str):
         try:
             parsed = json.loads(arguments)
@@ -55,31 +178,46 @@ def _redacted(arguments: Mapping[str, Any] | str, secrets: set[str]) -> Mapping[
             return arguments
         if not isinstance(parsed, dict):
             return arguments
-        redacted: Mapping[str, Any] | str = _redacted(parsed, secrets)
+        redacted = _redacted(parsed, secrets)
         return arguments if redacted == parsed else json.dumps(redacted, ensure_ascii=False)
-    secrets.update(credential_values(arguments))
-    return redact_arguments(arguments)
+    if not isinstance(arguments, Mapping):
+        return arguments
+    try:
+        secrets.update(credential_values(arguments))
+        return redact_arguments(arguments)
+    except Exception:  # keys or values the redactor cannot read: the mapping as pass 1 got it
+        return dict(arguments)
 
 
 def _call_json(item: Any, secrets: set[str]) -> dict[str, Any]:
+    """A call as received: its parts when it reads as a call, else `{"raw": ...}`; either
+    is marked `"opaque": true` when a placeholder stands in for something in it."""
     try:
         call = ToolCall.parse(item)
     except (TypeError, ValueError):
-        return {"unreadable": _unreadable_json(item)}
-    return {"id": call.id, "name": call.name, "arguments": _redacted(call.arguments, secrets)}
+        # a mapping of no known shape may still hold credentials: redacted like arguments
+        raw, opaque = _json_safe(_redacted(item, secrets) if isinstance(item, Mapping) else item, secrets)
+        return {"raw": raw, "opaque": True} if opaque else {"raw": raw}
+    arguments, opaque = _json_safe(_redacted(call.arguments, secrets), secrets)
+    recorded = {"id": str(call.id), "name": str(call.name), "arguments": arguments}
+    if opaque:
+        recorded["opaque"] = True
+    return recorded
 
 
-def _unreadable_json(item: Any) -> Any:
-    """An item pass 1 could not read, as replay can hand it back: a mapping of JSON values
-    that carries no credential as it is (replay then reads it, and fails, the same way),
-    anything else as its repr."""
-    if isinstance(item, Mapping):
-        try:
-            if not credential_values(item) and json.loads(json.dumps(item)) == item:
-                return dict(item)
-        except (TypeError, ValueError, RecursionError):
-            pass
-    return repr(item)
+def _replayed_call(recorded: Mapping[str, Any]) -> Any:
+    """What replay hands pass 1 for a recorded call: the call as it was received."""
+    if "unreadable" in recorded:  # format 1
+        return recorded["unreadable"]
+    opaque = bool(recorded.get("opaque"))
+    if "raw" in recorded:
+        return _from_json_safe(recorded["raw"]) if opaque else recorded["raw"]
+    # a ToolCall, not the dict: reading the dict would take arguments that are false (0,
+    # [], False) for none at all, where pass 1 refused them
+    arguments: Any = recorded.get("arguments")  # as received: of any type, as the model sent it
+    if opaque:
+        arguments = _from_json_safe(arguments)
+    return ToolCall(str(recorded.get("id", "")), str(recorded.get("name", "")), arguments)
 
 
 def _recorded_key(planned: PlannedCall, secrets: set[str]) -> str | None:
@@ -112,19 +250,34 @@ def _how(planned: PlannedCall, result: ToolResult | None) -> str:
 
 def _decision_json(decision: Decision, secrets: set[str]) -> dict[str, Any]:
     if isinstance(decision, Allow):
-        return {"allow": None if decision.args is None else _redacted(decision.args, secrets)}
+        args = None if decision.args is None else _json_safe(_redacted(decision.args, secrets), secrets)[0]
+        return {"allow": args}
     if isinstance(decision, Deny):
-        return {"deny": decision.reason}
+        return {"deny": str(decision.reason)}
     if isinstance(decision, Answer):
         return {"answer": redact_text(normalize_output(decision.content), secrets)}
-    return {"interrupt": decision.reason}
+    if isinstance(decision, Interrupt):
+        return {"interrupt": str(decision.reason)}
+    return {"deny": f"not a decision: {_safe_repr(decision, secrets)}"}
 
 
-log = logging.getLogger("threepass.recording")
+def _tool_hashes(registry: Registry) -> dict[str, list[str]]:
+    """Per tool, the xxh3-64 of its description and of its whole schema: what lets replay
+    say which tool changed, and how, when the fingerprint differs."""
+    hashes: dict[str, list[str]] = {}
+    for name in sorted(registry.names()):
+        entry = registry.registered(name)
+        if entry is not None:
+            description = entry.tool.description.encode("utf-8", "surrogatepass")
+            hashes[name] = [
+                line_hash(description),
+                line_hash(entry.schema_json.encode("utf-8", "surrogatepass")),
+            ]
+    return hashes
 
 
 class Recorder:
-    """Appends a session's batches to a JSONL file."""
+    """Appends a session's batches to a JSONL file, each line chained to the one before."""
 
     def __init__(
         self,
@@ -136,48 +289,79 @@ class Recorder:
         meta: Mapping[str, Any] | None = None,
     ) -> None:
         self.path = path
-        self._header = {
+        self._header: dict[str, Any] = {
             "type": "header",
             "format": FORMAT_VERSION,
+            "seq": 0,
             "fingerprint": registry.fingerprint(),
+            "tools": _tool_hashes(registry),
             "session": session_id,
             "mode": mode,
             "meta": dict(meta or {}),
         }
-        self._started = path.exists() and path.stat().st_size > 0
+        self._seq: int | None = None  # of the last line written; None until the file is read or begun
+        self._prev = ""
         self.problem: Exception | None = None
 
     def close(self) -> None:
         """The session is closing: nothing stays open between batches, so nothing to do."""
 
     def set_meta(self, **meta: Any) -> None:
-        self._header["meta"].update(meta)  # type: ignore[attr-defined]
+        self._header["meta"].update(meta)
+
+    def _continue_chain(self) -> list[bytes]:
+        """The lines to write before the first record: the header for a new file; for a
+        file that already holds a recording, none, and the chain goes on from its last line."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            data = b""
+        last = data.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+        if not last:
+            header = json.dumps(self._header, ensure_ascii=True).encode()
+            self._seq, self._prev = 0, line_hash(header)
+            return [header]
+        try:
+            seq = json.loads(last).get("seq")
+        except (ValueError, AttributeError):
+            seq = None
+        # a last line without a number (cut short, or format 1) cannot be continued cleanly:
+        # the chain goes on regardless, and replay reports where it breaks
+        self._seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
+        self._prev = line_hash(last)
+        return []
 
     def _append(self, record: Mapping[str, Any]) -> None:
-        """Append one line. A write that fails (a full disk, a folder gone) is logged once
-        and ends the recording: what is on disk stays a readable prefix of the session
-        (replay reports a cut last line as truncated), and the batch's results still
-        reach the caller, since its tools have run."""
+        """Append one record, numbered and chained. A write that fails (a full disk, a
+        folder gone) is logged once and ends the recording: what is on disk stays a
+        readable prefix of the session (replay reports a cut last line as truncated), and
+        the batch's results still reach the caller, since its tools have run."""
         if self.problem is not None:
             return
         try:
+            lines = self._continue_chain() if self._seq is None else []
+            assert self._seq is not None
+            seq = self._seq + 1
             # ASCII with escapes: a lone surrogate in a call (a model's slip) is kept as
             # "\ud800", readable back exactly, where raw it could not be written as UTF-8
-            line = json.dumps(record, ensure_ascii=True, default=str) + "\n"
-            if not self._started:
-                line = json.dumps(self._header, ensure_ascii=True, default=str) + "\n" + line
+            line = json.dumps({**record, "seq": seq, "prev": self._prev}, ensure_ascii=True, default=str)
+            encoded = line.encode()
+            lines.append(encoded)
             # created readable by its owner only (a umask can narrow that, never widen it)
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, _PRIVATE_FILE)
-            with open(fd, "a", encoding="utf-8") as f:
-                f.write(line)
+            with open(fd, "ab") as f:
+                f.write(b"\n".join(lines) + b"\n")
                 f.flush()
-        except (OSError, TypeError, ValueError, RecursionError) as exc:
-            # OSError: a full disk, a folder gone; the others: a call built in code with
-            # arguments JSON cannot hold (keys that are not text, a structure too deep)
-            self.problem = exc
-            log.error("recording to %s failed and stops here: %s", self.path, exc)
+        except Exception as exc:
+            # OSError: a full disk, a folder gone; the others: a record JSON cannot hold
+            # (a structure too deep). Either way the batch goes on; the recording stops.
+            self._stop(exc)
             return
-        self._started = True
+        self._seq, self._prev = seq, line_hash(encoded)
+
+    def _stop(self, exc: Exception) -> None:
+        self.problem = exc
+        log.error("recording to %s failed and stops here: %s", self.path, exc)
 
     def record_batch(
         self,
@@ -191,45 +375,297 @@ class Recorder:
         control: BaseException | None,
         all_loaded: bool = False,
     ) -> None:
+        """Append one batch. Never raises: it runs in a worker thread the batch waits on,
+        after the batch's tools have run, and a recording's fault must not cost their
+        results; a record that cannot be made ends the recording as a failed write does."""
+        if self.problem is not None:
+            return
+        try:
+            record = self._batch_record(run_id, round, calls, plan, results, decisions, control, all_loaded)
+        except Exception as exc:
+            self._stop(exc)
+            return
+        self._append(record)
+
+    def _batch_record(
+        self,
+        run_id: int,
+        round: int,
+        calls: Sequence[Any],
+        plan: Plan,
+        results: Sequence[ToolResult | None],
+        decisions: Mapping[str, Decision],
+        control: BaseException | None,
+        all_loaded: bool,
+    ) -> dict[str, Any]:
         secrets: set[str] = set()  # filled by the redaction of calls, decisions and keys
         recorded_calls = [_call_json(c, secrets) for c in calls]
-        recorded_decisions = {k: _decision_json(v, secrets) for k, v in decisions.items()}
+        recorded_decisions = {str(k): _decision_json(v, secrets) for k, v in decisions.items()}
         plan_rows = [
             {"name": p.name, "key": _recorded_key(p, secrets), "how": _how(p, r)}
             for p, r in zip(plan.calls, results, strict=True)
         ]
-        self._append(
-            {
-                "type": "batch",
-                "run": run_id,
-                "round": round,
-                "all_loaded": all_loaded,  # `invoke`: every tool counts as loaded
-                "calls": recorded_calls,
-                "decisions": recorded_decisions,
-                "plan": plan_rows,
-                "results": [None if r is None else _result_json(r, secrets) for r in results],
-                "control": None if control is None else type(control).__name__,
-            }
+        return {
+            "type": "batch",
+            "run": run_id,
+            "round": round,
+            "all_loaded": all_loaded,  # `invoke`: every tool counts as loaded
+            "calls": recorded_calls,
+            "decisions": recorded_decisions,
+            "plan": plan_rows,
+            "results": [None if r is None else _result_json(r, secrets) for r in results],
+            "control": None if control is None else type(control).__name__,
+        }
+
+
+# --- reading ----------------------------------------------------------------------------
+
+_STATUSES = frozenset(s.value for s in Status)
+_MODES = ("deferred", "direct")
+
+
+@attrs.frozen
+class _Recording:
+    """A recording as read: what replays, and what reading found wrong or doubtful."""
+
+    header: dict[str, Any]
+    batches: list[tuple[int, dict[str, Any]]]  # (line number, record), the header being line 1
+    truncated: bool
+    problem: str | None
+    warnings: tuple[str, ...]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _header_problem(header: Mapping[str, Any]) -> str | None:
+    if header.get("format") == FORMAT_VERSION and not (_is_int(header.get("seq")) and header["seq"] == 0):
+        return "line 1: the header's 'seq' is missing or not 0"
+    if not isinstance(header.get("fingerprint", ""), str):
+        return "line 1: the header's 'fingerprint' is not text"
+    if header.get("mode", "deferred") not in _MODES:
+        return f"line 1: the header's mode {header.get('mode')!r} is not one of {', '.join(_MODES)}"
+    if not isinstance(header.get("meta", {}), dict) or not isinstance(header.get("tools", {}), dict):
+        return "line 1: the header's 'meta' or 'tools' is not an object"
+    return None
+
+
+def _batch_problem(record: Mapping[str, Any], chained: bool) -> str | None:
+    """What is structurally wrong with a batch record (None: nothing); replay reads every
+    field named here without further checks."""
+    fields = (
+        ("run", "calls", "plan", "results", "seq", "prev") if chained else ("run", "calls", "plan", "results")
+    )
+    for name in fields:
+        if name not in record:
+            return f"the batch record has no {name!r}"
+    if not _is_int(record["run"]):
+        return f"its 'run' is {record['run']!r}, not a number"
+    for name in ("calls", "plan", "results"):
+        if not isinstance(record[name], list):
+            return f"its {name!r} is not a list"
+    calls, plan, results = record["calls"], record["plan"], record["results"]
+    if not len(calls) == len(plan) == len(results):
+        return f"it holds {len(calls)} calls, {len(plan)} plan rows and {len(results)} results"
+    for i, call in enumerate(calls):
+        if not isinstance(call, dict):
+            return f"calls[{i}] is not an object"
+    for i, row in enumerate(plan):
+        if not isinstance(row, dict):
+            return f"plan[{i}] is not an object"
+        for name in ("name", "key", "how"):
+            if name not in row:
+                return f"plan[{i}] has no {name!r}"
+        if not isinstance(row["how"], str) or not isinstance(row["name"], str):
+            return f"plan[{i}]'s 'name' or 'how' is not text"
+        if row["key"] is not None and not isinstance(row["key"], str):
+            return f"plan[{i}]'s 'key' is not text"
+    for i, result in enumerate(results):
+        if result is None:
+            continue
+        if not isinstance(result, dict):
+            return f"results[{i}] is not an object"
+        for name in ("call_id", "name", "status", "content"):
+            if name not in result:
+                return f"results[{i}] has no {name!r}"
+        if not isinstance(result["status"], str) or result["status"] not in _STATUSES:
+            return f"results[{i}]'s status {result['status']!r} is not a status"
+        if not all(isinstance(result[n], str) for n in ("call_id", "name", "content")):
+            return f"results[{i}]'s 'call_id', 'name' or 'content' is not text"
+        if not isinstance(result.get("duration", 0.0), int | float):
+            return f"results[{i}]'s 'duration' is not a number"
+    decisions = record.get("decisions", {})
+    if not isinstance(decisions, dict) or not all(isinstance(d, dict) for d in decisions.values()):
+        return "its 'decisions' is not an object of objects"
+    if chained and (not _is_int(record["seq"]) or not isinstance(record["prev"], str)):
+        return "its 'seq' is not a number or its 'prev' not text"
+    return None
+
+
+def _edited(number: int) -> str:
+    return f"line {number}: edited (its hash does not match the next record's prev)"
+
+
+def _chain_problem(
+    lines: Sequence[tuple[int, bytes, dict[str, Any]]], at: int, seq_before: int, hash_before: str
+) -> str | None:
+    """What is wrong with the record `lines[at]` following a record numbered `seq_before`
+    whose line hashes to `hash_before` (None: it follows it)."""
+    number, raw, record = lines[at]
+    seq, prev = record["seq"], record["prev"]
+    if seq == seq_before + 1:
+        return None if prev == hash_before else _edited(number - 1)
+    for earlier_number, earlier_raw, earlier in lines[:at]:
+        if earlier_raw == raw or (earlier.get("seq") == seq and earlier.get("prev") == prev):
+            return f"line {number}: a duplicate of line {earlier_number} (record seq {seq})"
+    expected = seq_before + 1
+    later = next((n for n, _, r in lines[at + 1 :] if r.get("seq") == expected), None)
+    if later is not None:
+        return (
+            f"line {number}: record seq {seq} follows seq {seq_before} "
+            f"(out of order: seq {expected} is on line {later})"
         )
+    if seq > expected:
+        missing = "a record is" if seq == expected + 1 else f"{seq - expected} records are"
+        return f"line {number}: record seq {seq} follows seq {seq_before} ({missing} missing)"
+    return f"line {number}: record seq {seq} follows seq {seq_before} (out of order)"
+
+
+def _read(path: str | os.PathLike[str]) -> _Recording:
+    """Read and check a recording: its structure line by line, then its chain. The batches
+    before the first problem replay; a record the chain shows edited does not."""
+    data = Path(path).read_bytes()
+    raw_lines = data.split(b"\n")
+    ends_cleanly = data.endswith(b"\n")
+    if ends_cleanly:
+        raw_lines.pop()
+    parsed: list[tuple[int, bytes, dict[str, Any]]] = []
+    truncated = False
+    problem: str | None = None
+    for number, raw in enumerate(raw_lines, 1):
+        try:
+            value = json.loads(raw.decode("utf-8", errors="replace"))
+            if not isinstance(value, dict):
+                raise ValueError(f"a JSON {type(value).__name__}, not an object")
+        except (ValueError, RecursionError) as exc:
+            if number == len(raw_lines) and not ends_cleanly:
+                truncated = True
+            else:
+                problem = f"line {number} is not a JSON record: {exc}"
+            break
+        parsed.append((number, raw, value))
+    if not parsed or parsed[0][2].get("type") != "header":
+        return _Recording({}, [], truncated, problem or f"line 1: {path} has no recording header", ())
+    header = parsed[0][2]
+    version = header.get("format")
+    if not _is_int(version) or version not in (FORMAT_VERSION, _UNCHAINED_FORMAT):
+        return _Recording(
+            header, [], truncated, f"line 1: recording format {version!r}, expected {FORMAT_VERSION}", ()
+        )
+    header_problem = _header_problem(header)
+    if header_problem is not None:
+        return _Recording(header, [], truncated, header_problem, ())
+    chained = version == FORMAT_VERSION
+    warnings: tuple[str, ...] = ()
+    if not chained:
+        warnings = (
+            f"format {version} recording, made before the hash chain: a deleted, reordered or "
+            "edited record cannot be detected",
+        )
+    batches: list[tuple[int, dict[str, Any]]] = []
+    seq_before, hash_before = 0, line_hash(parsed[0][1])
+    for at in range(1, len(parsed)):
+        number, raw, record = parsed[at]
+        kind = record.get("type")
+        wrong: str | None = None
+        if kind is None:
+            wrong = f"line {number}: a record without 'type'"
+        elif kind == "header":
+            wrong = f"line {number}: a second header"
+        elif kind == "batch":
+            shape = _batch_problem(record, chained)
+            wrong = None if shape is None else f"line {number}: {shape}"
+        elif chained and not (_is_int(record.get("seq")) and isinstance(record.get("prev"), str)):
+            wrong = f"line {number}: a {kind!r} record without 'seq' or 'prev'"
+        if wrong is None and chained:
+            wrong = _chain_problem(parsed, at, seq_before, hash_before)
+            if wrong == _edited(number - 1) and batches and batches[-1][0] == number - 1:
+                batches.pop()  # the edited record: not replayed as if it were the recording
+        if wrong is not None:
+            problem = wrong  # earlier in the file than a line that could not be read
+            break
+        if kind == "batch":
+            batches.append((number, record))
+        if chained:
+            seq_before, hash_before = record["seq"], line_hash(raw)
+    return _Recording(header, batches, truncated, problem, warnings)
+
+
+def read_recording(
+    path: str | os.PathLike[str],
+) -> tuple[dict[str, Any], list[dict[str, Any]], bool, str | None]:
+    """(header, batches, truncated, problem). A last line cut short is `truncated`; a line
+    that is not a well-formed record, or that the hash chain shows deleted, duplicated,
+    moved or edited, stops reading there and is named in `problem` (`line N: ...`, the
+    header being line 1)."""
+    recording = _read(path)
+    return recording.header, [b for _, b in recording.batches], recording.truncated, recording.problem
+
+
+# --- replay -----------------------------------------------------------------------------
+
+_WINDOW = 40  # characters of each text shown around their first difference
+
+
+def _first_difference(a: str, b: str) -> int:
+    """The length of the common prefix of `a` and `b`, found a block at a time."""
+    at, end, block = 0, min(len(a), len(b)), 256
+    while at < end and a[at : at + block] == b[at : at + block]:
+        at += block
+    while at < end and a[at] == b[at]:
+        at += 1
+    return min(at, end)
+
+
+def _compact_diff(expected: str, got: str, width: int = _WINDOW) -> str:
+    """`expected` and `got` around their first difference: the offset, then a window of
+    about `width` characters of each, "…" where the text goes on."""
+    at = _first_difference(expected, got)
+    start = max(0, at - width // 2)
+
+    def window(text: str) -> str:
+        piece = text[start : start + width]
+        return ("…" if start > 0 else "") + repr(piece) + ("…" if start + width < len(text) else "")
+
+    lengths = f" (lengths {len(expected)} and {len(got)})" if len(expected) != len(got) else ""
+    return f"at offset {at}: expected {window(expected)}, got {window(got)}{lengths}"
 
 
 @attrs.frozen
 class Divergence:
-    """Where replay first decided otherwise than the recording."""
+    """Where replay first decided otherwise than the recording: the batch (and its line in
+    the file), the call's index and id, the field that differs, and both values in full."""
 
     batch: int
     index: int
     call_id: str
     expected: str
     got: str
+    field: str = ""
+    line: int | None = None
 
     def __str__(self) -> str:
-        where = f"batch {self.batch}, call {self.index} ({self.call_id})"
-        return f"{where}: expected {self.expected}, got {self.got}"
+        batch = f"batch {self.batch}" if self.line is None else f"batch {self.batch} (line {self.line})"
+        where = f"{batch}, call {self.index} ({self.call_id})" if self.index >= 0 else batch
+        return f"{where}: {self.field or 'value'} differs {_compact_diff(self.expected, self.got)}"
 
 
 @attrs.frozen
 class ReplayReport:
+    """What a replay found. `warnings` never make it fail: a changed registry (naming the
+    tools that changed) or an old recording that has no hash chain."""
+
     batches: int
     calls: int
     divergence: Divergence | None
@@ -237,76 +673,68 @@ class ReplayReport:
     fingerprint_matches: bool
     header: Mapping[str, Any]
     problem: str | None = None
+    warnings: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.divergence is None and self.problem is None
 
 
-def read_recording(
-    path: str | os.PathLike[str],
-) -> tuple[dict[str, Any], list[dict[str, Any]], bool, str | None]:
-    """(header, batches, truncated, problem). A last line cut short is `truncated`; a bad
-    line elsewhere stops reading there and is named in `problem`."""
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
-    lines = text.split("\n")
-    ends_cleanly = text.endswith("\n")
-    if ends_cleanly:
-        lines = lines[:-1]
-    records: list[dict[str, Any]] = []
-    truncated = False
-    problem = None
-    for number, line in enumerate(lines, 1):
-        last = number == len(lines)
-        try:
-            value = json.loads(line)
-            if not isinstance(value, dict):
-                raise ValueError("not an object")
-        except ValueError as exc:
-            if last and not ends_cleanly:
-                truncated = True
-            else:
-                problem = f"line {number} is not a JSON record: {exc}"
-            break
-        records.append(value)
-    if not records or records[0].get("type") != "header":
-        return {}, [], truncated, problem or f"{path} has no recording header"
-    header = records[0]
-    if header.get("format") != FORMAT_VERSION:
-        return header, [], truncated, f"recording format {header.get('format')!r}, expected {FORMAT_VERSION}"
-    return header, [r for r in records[1:] if r.get("type") == "batch"], truncated, problem
+def _registry_drift(header: Mapping[str, Any], registry: Registry) -> str:
+    """A warning naming the tools that differ from those the recording was made with."""
+    recorded = header.get("tools")
+    if not isinstance(recorded, dict):
+        return "the tools differ from those the recording was made with (it does not say which)"
+    now = _tool_hashes(registry)
+    changes: list[str] = []
+    for name in sorted(set(recorded) | set(now)):
+        was, is_ = recorded.get(name), now.get(name)
+        if was == is_:
+            continue
+        if was is None:
+            changes.append(f"{name} added")
+        elif is_ is None:
+            changes.append(f"{name} removed")
+        elif isinstance(was, list) and was[:1] != is_[:1]:
+            changes.append(f"{name} changed (description)")
+        else:
+            changes.append(f"{name} changed (parameters)")
+    return "the tools differ from those the recording was made with: " + (
+        ", ".join(changes) or "the fingerprint differs"
+    )
 
 
-class _DivergenceSignal(HookBlocked):
-    """Travels through pass 2 as run control (an ordinary exception would become a
-    `failed` result) and is unwrapped by `replay`."""
-
-    def __init__(self, divergence: Divergence) -> None:
-        super().__init__(str(divergence))
-        self.divergence = divergence
-
-
-@attrs.frozen
+@attrs.define
 class _BatchServer:
-    """Pass 2's runner during replay: the recorded result of a call that ran then."""
+    """Pass 2's runner during replay: the recorded result of a call that ran then. A call
+    that ran otherwise than recorded is noted, not raised, so that the batch finishes and
+    the earliest call that differs is the one reported."""
 
     number: int
+    line: int | None
     plan_rows: Sequence[Mapping[str, Any]]
     recorded: Sequence[Mapping[str, Any] | None]
     secrets: set[str] = attrs.field(factory=set)  # of the calls served, as the recorder finds them
+    divergences: dict[int, Divergence] = attrs.field(factory=dict)
+
+    def _differs(self, planned: PlannedCall, field: str, expected: str, got: str) -> ToolResult:
+        i = planned.index
+        self.divergences.setdefault(
+            i, Divergence(self.number, i, planned.call_id, expected, got, field, self.line)
+        )
+        return ToolResult(planned.call_id, planned.name, Status.failed, f"replay: {field} differs")
 
     async def __call__(self, planned: PlannedCall, ctx: ToolContext) -> ToolResult:
         i = planned.index
         row = self.plan_rows[i] if i < len(self.plan_rows) else None
         want = self.recorded[i] if i < len(self.recorded) else None
         if row is None or row["how"] != "ran" or want is None:
-            got = "the call ran"
-            raise _DivergenceSignal(Divergence(self.number, i, planned.call_id, f"{row and row['how']}", got))
+            return self._differs(planned, "how", f"{row and row['how']}", "ran")
         key = _recorded_key(planned, self.secrets)
-        if row["name"] != planned.name or row["key"] != key:
-            expected = f"{row['name']} with key {row['key']}"
-            got = f"{planned.name} with key {key}"
-            raise _DivergenceSignal(Divergence(self.number, i, planned.call_id, expected, got))
+        if row["name"] != planned.name:
+            return self._differs(planned, "name", row["name"], planned.name)
+        if row["key"] != key:
+            return self._differs(planned, "key", str(row["key"]), str(key))
         recorded = ToolResult.from_json(want)
         if planned.name == FIND_TOOLS and planned.tool is not None:
             # the dispatcher's own tool: it touches nothing outside the session, and loading
@@ -314,81 +742,113 @@ class _BatchServer:
             again = normalize_output(await planned.tool.tool.handler(planned.args, ctx))
             again = redact_text(again, self.secrets)
             if recorded.status is Status.ok and again != recorded.content:
-                raise _DivergenceSignal(
-                    Divergence(
-                        self.number, i, planned.call_id, repr(recorded.content[:120]), repr(again[:120])
-                    )
-                )
+                return self._differs(planned, "content", recorded.content, again)
         return recorded
 
 
-def _same(expected: Mapping[str, Any], got: ToolResult, secrets: set[str]) -> str | None:
-    """What differs between a recorded result and a replayed one (None: the same), the
-    replayed one's text redacted as the recorder redacts it."""
-    if expected["status"] != got.status.value:
-        return f"status {got.status.value}"
-    content = redact_text(got.content, secrets)
-    if expected["content"] != content:
-        return f"content {content[:120]!r}"
-    if bool(expected.get("deduped")) != got.deduped:
-        return f"deduped={got.deduped}"
+def _first_divergence(
+    serve: _BatchServer, call_ids: Sequence[str], results: Sequence[ToolResult]
+) -> Divergence | None:
+    """The earliest call, in call order, that pass 2 ran otherwise than recorded or whose
+    result differs from the recorded one (status, content, name, deduped), the replayed
+    text redacted as the recorder redacts it."""
+    recorded = serve.recorded
+    for i in range(max(len(recorded), len(results))):
+        if i in serve.divergences:
+            return serve.divergences[i]
+        call_id = results[i].call_id if i < len(results) else call_ids[i] if i < len(call_ids) else ""
+        if i >= len(results) or i >= len(recorded):
+            got, expected = str(len(results)), str(len(recorded))
+            return Divergence(serve.number, i, call_id, expected, got, "result count", serve.line)
+        want, got_result = recorded[i], results[i]
+        if want is None:
+            continue
+        checks = (
+            ("status", want["status"], got_result.status.value),
+            ("content", want["content"], redact_text(got_result.content, serve.secrets)),
+            ("name", want["name"], got_result.name),
+            ("deduped", str(bool(want.get("deduped"))), str(got_result.deduped)),
+        )
+        for field, expected, got in checks:
+            if expected != got:
+                return Divergence(serve.number, i, call_id, expected, got, field, serve.line)
     return None
+
+
+def _recorded_gate(decisions: Mapping[str, Any]) -> Any:
+    """The gate of a replayed batch: the decision recorded for each call."""
+
+    def gate(call: ToolCall, ctx: ToolContext) -> Decision:
+        found = decisions.get(call.id)
+        if found is None:
+            return Interrupt("replay: the recording holds no decision for this call", None)
+        if "deny" in found:
+            return Deny(str(found["deny"]))
+        if "interrupt" in found:
+            return Interrupt(str(found["interrupt"]), None)
+        if "answer" in found:
+            return Answer(str(found["answer"]))
+        allowed = found.get("allow")
+        return Allow(allowed if isinstance(allowed, dict) else None)
+
+    return gate
 
 
 async def replay(
     path: str | os.PathLike[str],
     dispatcher: Dispatcher,
 ) -> ReplayReport:
-    """Replay the recording at `path` through `dispatcher`'s passes without running any tool."""
-    header, batches, truncated, problem = read_recording(path)
+    """Replay the recording at `path` through `dispatcher`'s passes without running any
+    tool; report the first divergence, or the first problem of the file itself."""
+    recording = _read(path)
+    header, truncated, problem = recording.header, recording.truncated, recording.problem
+    warnings = list(recording.warnings)
     fingerprint_ok = header.get("fingerprint") == dispatcher.registry.fingerprint()
+    if "fingerprint" in header and not fingerprint_ok:
+        warnings.append(_registry_drift(header, dispatcher.registry))
+
+    def report(batches: int, calls: int, divergence: Divergence | None) -> ReplayReport:
+        return ReplayReport(
+            batches, calls, divergence, truncated, fingerprint_ok, header, problem, tuple(warnings)
+        )
+
+    if not recording.batches:  # nothing to replay (or a header that says nothing usable)
+        return report(0, 0, None)
     session = dispatcher.session(f"replay:{header.get('session', '')}", mode=header.get("mode", "deferred"))
     calls_seen = 0
     last_run = None
-    for number, batch in enumerate(batches, 1):
+    for number, (line, batch) in enumerate(recording.batches, 1):
         if last_run is not None and batch["run"] != last_run:
             session.new_run()
         last_run = batch["run"]
-        recorded = batch["results"]
-        plan_rows = batch["plan"]
-        decisions = batch.get("decisions", {})
-
-        serve = _BatchServer(number, plan_rows, recorded)
-
-        def gate(call: ToolCall, ctx: ToolContext, *, _d: Mapping[str, Any] = decisions) -> Decision:
-            found = _d.get(call.id)
-            if found is None:
-                return Interrupt("replay: the recording holds no decision for this call", None)
-            if "deny" in found:
-                return Deny(found["deny"])
-            if "interrupt" in found:
-                return Interrupt(found["interrupt"], None)
-            return Allow(found.get("allow"))
-
-        calls = [c.get("unreadable", c) for c in batch["calls"]]
-        answers = {k: Answer(v["answer"]) for k, v in decisions.items() if "answer" in v}
+        serve = _BatchServer(number, line, batch["plan"], batch["results"])
+        calls = [_replayed_call(c) for c in batch["calls"]]
+        call_ids = [str(c.get("id", "")) for c in batch["calls"]]
+        gate = _recorded_gate(batch.get("decisions", {}))
+        answers = {
+            k: Answer(v["answer"])
+            for k, v in batch.get("decisions", {}).items()
+            if isinstance(v, Mapping) and isinstance(v.get("answer"), str)
+        }
         try:
             results = await session._dispatch(
                 calls, decisions=answers, all_loaded=bool(batch.get("all_loaded")), runner=serve, gate=gate
             )
-        except _DivergenceSignal as signal:
-            return ReplayReport(
-                number, calls_seen, signal.divergence, truncated, fingerprint_ok, header, problem
-            )
         except (HookBlocked, DispatchInterrupted) as exc:
+            if serve.divergences:
+                return report(number, calls_seen, serve.divergences[min(serve.divergences)])
             if batch.get("control") == type(exc).__name__:
                 calls_seen += len(calls)
                 continue
-            div = Divergence(number, -1, "", f"control {batch.get('control')}", type(exc).__name__)
-            return ReplayReport(number, calls_seen, div, truncated, fingerprint_ok, header, problem)
-        for i, (want, got) in enumerate(zip(recorded, results, strict=False)):
-            if want is None:
-                continue
-            differs = _same(want, got, serve.secrets)
-            if differs is not None:
-                div = Divergence(
-                    number, i, got.call_id, f"{want['status']} {want['content'][:120]!r}", differs
-                )
-                return ReplayReport(number, calls_seen + i, div, truncated, fingerprint_ok, header, problem)
+            expected = str(batch.get("control"))
+            return report(
+                number, calls_seen, Divergence(number, -1, "", expected, type(exc).__name__, "control", line)
+            )
+        divergence = _first_divergence(serve, call_ids, results)
+        if divergence is not None:
+            return report(number, calls_seen + divergence.index, divergence)
+        if batch.get("control") is not None:
+            expected = str(batch["control"])
+            return report(number, calls_seen, Divergence(number, -1, "", expected, "None", "control", line))
         calls_seen += len(results)
-    return ReplayReport(len(batches), calls_seen, None, truncated, fingerprint_ok, header, problem)
+    return report(len(recording.batches), calls_seen, None)

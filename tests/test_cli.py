@@ -45,15 +45,16 @@ def test_run_then_replay_the_shipped_example(tmp_path: Path) -> None:
 
 
 def test_replay_of_a_tampered_recording_fails(tmp_path: Path) -> None:
-    """A tampered result shows where it is first inconsistent: the call deduped from it; exit 1."""
+    """A tampered result is named by its line (the hash chain breaks there); exit 1."""
     rec = tmp_path / "session.jsonl"
     run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache")
     records = [json.loads(line) for line in rec.read_text().splitlines()]
     records[2]["results"][1]["content"] = "tampered"
     rec.write_text("".join(json.dumps(r) + "\n" for r in records))
     code, text = run_cli("replay", str(rec))
-    assert code == 1 and "divergence: batch 2, call 3 (call_7)" in text
-    assert "got content 'tampered'" in text
+    assert code == 1
+    assert "problem: line 3: edited (its hash does not match the next record's prev)\n" in text
+    assert "replayed 3 calls in 1 batches" in text and "no divergence" not in text
 
 
 def test_yes_allows_confirmations(tmp_path: Path) -> None:
@@ -132,3 +133,46 @@ def test_tools_lists_every_tool_with_its_confirm_rule_and_the_sandbox(tmp_path: 
     assert by_name["edit_file"]["concurrent"] is False and by_name["read_files"]["concurrent"] is True
     assert by_name["fetch_page"]["cache"] == {"ttl": 1800.0, "scope": "shared"}
     assert {"active", "program", "reason"} <= set(data["command_sandbox"])
+
+
+def _example_recording(folder: Path) -> list[str]:
+    rec = folder / "example.jsonl"
+    code, text = run_cli(
+        "run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache"
+    )
+    assert code == 0, text
+    return rec.read_text().splitlines()
+
+
+def _without_results(line: str) -> str:
+    record = json.loads(line)
+    del record["results"]
+    return json.dumps(record)
+
+
+def test_replay_names_the_line_of_every_kind_of_tampering(tmp_path: Path) -> None:
+    """Deleted, moved, duplicated, emptied and incomplete records each exit 1 with one
+    `problem: line N: ...` line, no traceback, and the records before them replayed."""
+    lines = _example_recording(tmp_path)
+    assert len(lines) == 7
+    cases = {
+        "deleted": (lines[:3] + lines[4:], "line 4: record seq 4 follows seq 2 (a record is missing)"),
+        "moved": (
+            [*lines[:3], lines[4], lines[3], *lines[5:]],
+            "line 4: record seq 4 follows seq 2 (out of order: seq 3 is on line 5)",
+        ),
+        "duplicated": (lines[:4] + lines[3:], "line 5: a duplicate of line 4 (record seq 3)"),
+        "emptied": ([*lines[:3], "{}", *lines[4:]], "line 4: a record without 'type'"),
+        "incomplete": (
+            [*lines[:3], _without_results(lines[3]), *lines[4:]],
+            "line 4: the batch record has no 'results'",
+        ),
+    }
+    for name, (tampered, problem) in cases.items():
+        rec = tmp_path / f"{name}.jsonl"
+        rec.write_text("".join(line + "\n" for line in tampered))
+        code, text = run_cli("replay", str(rec))
+        assert code == 1, (name, text)
+        assert [line for line in text.splitlines() if line.startswith("problem: ")] == [f"problem: {problem}"]
+        assert "Traceback" not in text and "no divergence" not in text
+        assert f"in {3 if name == 'duplicated' else 2} batches" in text, (name, text)

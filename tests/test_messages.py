@@ -299,7 +299,7 @@ async def test_the_recording_holds_the_calls_and_replays(tmp_path: Path) -> None
         [{"id": "call_a", "name": "echo", "arguments": '{"text": "a"}'}],
         [{"id": "toolu_1", "name": "echo", "arguments": {"text": "b"}}],
         [{"id": "call_1", "name": "echo", "arguments": '{"text": "c"}'}],
-        [{"unreadable": {"id": "call_9", "function": "oops"}}],
+        [{"raw": {"id": "call_9", "function": "oops"}}],
     ]
     report = await replay(path, Dispatcher(registry()))
     assert report.divergence is None and report.calls == 4

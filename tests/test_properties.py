@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -12,7 +14,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher import Dispatcher, DispatchInterrupted, Interrupt, Registry, Status, Tool, ToolCall
+from dispatcher import Dispatcher, DispatchInterrupted, Interrupt, Registry, Status, Tool, ToolCall, replay
 
 SCHEMA = {"type": "object", "properties": {"v": {"type": "string"}, "path": {"type": "string"}}}
 
@@ -153,3 +155,132 @@ def test_random_batches_keep_every_promise(
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert world.most <= limit
     assert not world.alone_violated
+
+
+# --- junk calls, with the recording on and off --------------------------------------------
+
+junk_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.binary(max_size=6),
+    st.text(max_size=6),
+    st.lists(st.integers(), max_size=3),
+    st.tuples(st.integers()),
+    st.builds(object),
+    st.dictionaries(
+        st.text(max_size=3), st.one_of(st.integers(), st.binary(max_size=3), st.text(max_size=3))
+    ),
+    st.dictionaries(st.tuples(st.integers()), st.integers(), min_size=1, max_size=2),
+    st.dictionaries(st.sampled_from(["v", "path"]), values, min_size=1),
+)
+junk_names = st.sampled_from(["fast", "slow", "read", "edit", "fail", "nope", ""])
+junk_call = st.one_of(
+    junk_values,  # the call itself
+    st.builds(lambda n, a: ToolCall("j", n, a), junk_names, junk_values),
+    st.builds(
+        lambda n, a: {"id": "o", "type": "function", "function": {"name": n, "arguments": a}},
+        junk_names,
+        junk_values,
+    ),
+    st.builds(lambda n, a: {"type": "tool_use", "id": "t", "name": n, "input": a}, junk_names, junk_values),
+    st.builds(
+        lambda n, v, p: ToolCall("g", n, json.dumps(args_for(n, v, p))),
+        names.filter(lambda n: n != "danger"),
+        values,
+        values,
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rounds=st.lists(st.lists(junk_call, max_size=6), min_size=1, max_size=3))
+def test_junk_calls_never_raise_and_record_and_replay(rounds: list[list[Any]]) -> None:
+    """Calls of any shape and arguments of any type: with the recording on or off, every batch
+    returns one result per call, the same results, and the recording replays clean."""
+
+    async def dispatch_all(record: Path | None) -> list[list[tuple[str, str, str]]]:
+        s = Dispatcher(build(World())).session("junk", record=record)
+        answers = []
+        for calls in rounds:
+            results = await s.dispatch(calls)
+            assert len(results) == len(calls)
+            answers.append([(r.call_id, r.status.value, r.content) for r in results])
+        assert s.recorder is None or s.recorder.problem is None
+        return answers
+
+    clock = trio.testing.MockClock
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "junk.jsonl"
+        recorded = trio.run(dispatch_all, path, clock=clock(autojump_threshold=0))
+        unrecorded = trio.run(dispatch_all, None, clock=clock(autojump_threshold=0))
+        assert recorded == unrecorded
+        report = trio.run(replay, path, Dispatcher(build(World())), clock=clock(autojump_threshold=0))
+        assert report.ok, (report.problem, report.divergence)
+        assert (report.batches, report.calls) == (len(rounds), sum(len(calls) for calls in rounds))
+
+
+_RECORDED: list[str] = []  # the lines of one recorded session, made once
+
+
+def _record_a_session(path: Path) -> None:
+    async def main() -> None:
+        s = Dispatcher(build(World())).session("rec", record=path)
+        await s.dispatch([ToolCall("1", "fast", '{"v": "a"}'), ToolCall("2", "nope", {}), [1]])
+        await s.dispatch(
+            [ToolCall("3", "edit", {"path": "a", "v": "b"}), ToolCall("4", "read", {"path": "a"})]
+        )
+        await s.dispatch([ToolCall("5", "fast", {"v": "a"}), ToolCall("6", "fail", {"v": "a"})])
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def _mutate(value: Any, path: list[int], junk: Any) -> Any:
+    """`value` with the node that `path` picks (each step an index into the keys or items
+    seen there) replaced by `junk`, or removed when `junk` is the string "<delete>"."""
+    if not path or not isinstance(value, dict | list) or not value:
+        return junk
+    keys = list(value) if isinstance(value, dict) else list(range(len(value)))
+    key = keys[path[0] % len(keys)]
+    copy: Any = dict(value) if isinstance(value, dict) else list(value)
+    if len(path) == 1 and junk == "<delete>":
+        del copy[key]
+    else:
+        copy[key] = _mutate(copy[key], path[1:], junk)
+    return copy
+
+
+junk_json = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.text(max_size=4),
+    st.just([]),
+    st.just({}),
+    st.just("<delete>"),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(line=st.integers(0, 3), path=st.lists(st.integers(0, 20), max_size=4), junk=junk_json)
+def test_a_recording_edited_anywhere_never_raises_in_replay(line: int, path: list[int], junk: Any) -> None:
+    """Any field of any record replaced by junk or removed: replay never raises, and a change
+    to a line that has a successor is a problem naming that line (or the one its `prev` names)."""
+    with tempfile.TemporaryDirectory() as folder:
+        recording = Path(folder) / "s.jsonl"
+        if not _RECORDED:
+            _record_a_session(recording)
+            _RECORDED.extend(recording.read_text().splitlines())
+        lines = list(_RECORDED)
+        edited = json.dumps(_mutate(json.loads(lines[line]), path, junk))
+        changed, lines[line] = edited != lines[line], edited
+        recording.write_text("".join(text + "\n" for text in lines))
+        clock = trio.testing.MockClock(autojump_threshold=0)
+        report = trio.run(replay, recording, Dispatcher(build(World())), clock=clock)
+        assert report.batches <= 3
+        if changed and line < 3:  # a line with a successor: the chain sees any change
+            assert report.problem is not None, report
+            # the edited line is named, or the one before when its `prev` is what changed
+            named = int(report.problem.split(":")[0].split()[1])
+            assert named in (line, line + 1), report.problem

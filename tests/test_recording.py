@@ -16,9 +16,24 @@ import anyio
 from builtin_tools import default_registry
 from dispatcher import Allow, Deny, Dispatcher, Registry, Status, Tool, ToolCall, replay
 from dispatcher._credentials import redact
-from dispatcher._recording import Recorder
+from dispatcher._recording import Recorder, line_hash
 
 from ._fakes import Counter, call, fake_registry, openai_call
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _rewrite(path: Path, records: list[dict[str, Any]], *, rechain: bool = False) -> None:
+    """Write `records` back as the recorder writes them; `rechain` recomputes every `prev`,
+    as an edit that knows the chain would."""
+    lines: list[str] = []
+    for record in records:
+        if rechain and lines and "prev" in record:
+            record["prev"] = line_hash(lines[-1].encode())
+        lines.append(json.dumps(record, ensure_ascii=True))
+    path.write_text("".join(line + "\n" for line in lines))
 
 
 async def record_session(path: Path, counter: Counter, files: dict[str, str]) -> None:
@@ -50,13 +65,14 @@ async def test_replay_reports_the_first_divergence(tmp_path: Path) -> None:
     """A recording whose calls no longer decide the same way names the call, expected and got."""
     path = tmp_path / "s.jsonl"
     await record_session(path, Counter(), {"a": "v1"})
-    records = [json.loads(line) for line in path.read_text().splitlines()]
+    records = _records(path)
     records[3]["results"][0]["content"] = "something else"  # the deduped echo of batch 3
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    _rewrite(path, records, rechain=True)
     report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
-    assert report.divergence is not None
-    assert (report.divergence.batch, report.divergence.index, report.divergence.call_id) == (3, 0, "6")
-    assert "something else" in report.divergence.expected
+    assert report.problem is None and report.divergence is not None
+    div = report.divergence
+    assert (div.batch, div.line, div.index, div.call_id, div.field) == (3, 4, 0, "6", "content")
+    assert (div.expected, div.got) == ("something else", "x")
 
 
 async def test_a_truncated_last_line_is_reported_and_the_rest_replays(tmp_path: Path) -> None:
@@ -159,7 +175,7 @@ async def test_a_session_driven_by_invoke_replays_clean(tmp_path: Path) -> None:
 
 async def test_calls_json_cannot_hold_as_is_never_cost_the_batch(tmp_path: Path) -> None:
     """A lone surrogate in a call is recorded escaped and replays; arguments JSON cannot hold
-    at all (a key that is not text) end the recording, and the batch still answers."""
+    (a key that is not text) are recorded as a placeholder that pass 1 decides the same way."""
     path = tmp_path / "s.jsonl"
     d = Dispatcher(fake_registry(Counter(), {}))
     s = d.session("rec", record=path)
@@ -171,8 +187,10 @@ async def test_calls_json_cannot_hold_as_is_never_cost_the_batch(tmp_path: Path)
     assert report.ok and report.calls == 2
     [r] = await s.dispatch([ToolCall("3", "echo", {(1, 2): "x"})])  # type: ignore[dict-item]
     assert r.status is Status.invalid_arguments
-    assert isinstance(s.recorder.problem, TypeError)  # type: ignore[union-attr]
-    assert (await replay(path, Dispatcher(fake_registry(Counter(), {})))).calls == 2
+    assert s.recorder is not None and s.recorder.problem is None
+    assert _records(path)[2]["calls"][0]["arguments"] == {"$opaque:tuple:(1, 2)": "x"}
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.calls == 3, report.divergence
 
 
 # --- no secrets at rest -------------------------------------------------------------------------
@@ -216,10 +234,6 @@ def _secret_request(call_id: str, header: str = SECRETS["header"]) -> ToolCall:
             "auth": {"password": SECRETS["nested"]},
         },
     )
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 async def test_a_recording_holds_markers_not_secrets_and_replays(tmp_path: Path) -> None:
@@ -376,3 +390,274 @@ async def test_http_request_to_an_echoing_server_records_no_secret(tmp_path: Pat
     assert [e for e in echoed if e.encode() in text] == []
     report = await replay(path, Dispatcher(default_registry(ws, include=["web"], allow_private_network=True)))
     assert report.ok and report.fingerprint_matches, report.divergence
+
+
+# --- the hash chain: tampering is reported by line -------------------------------------------
+
+
+def _delete_line_3(lines: list[str]) -> list[str]:
+    return lines[:2] + lines[3:]
+
+
+def _swap_lines_3_and_4(lines: list[str]) -> list[str]:
+    return [lines[0], lines[1], lines[3], lines[2], lines[4]]
+
+
+def _duplicate_line_3(lines: list[str]) -> list[str]:
+    return lines[:3] + lines[2:]
+
+
+def _edit_a_result_on_line_3(lines: list[str]) -> list[str]:
+    record = json.loads(lines[2])
+    record["results"][0]["content"] = "something else"
+    return [*lines[:2], json.dumps(record), *lines[3:]]
+
+
+def _empty_line_3(lines: list[str]) -> list[str]:
+    return [*lines[:2], "{}", *lines[3:]]
+
+
+def _without(field: str) -> Any:
+    def drop(lines: list[str]) -> list[str]:
+        record = json.loads(lines[2])
+        del record[field]
+        return [*lines[:2], json.dumps(record), *lines[3:]]
+
+    return drop
+
+
+def _drop_a_status_on_line_3(lines: list[str]) -> list[str]:
+    record = json.loads(lines[2])
+    del record["results"][1]["status"]
+    return [*lines[:2], json.dumps(record), *lines[3:]]
+
+
+def _edit_the_header(lines: list[str]) -> list[str]:
+    header = json.loads(lines[0])
+    header["mode"] = "direct"
+    return [json.dumps(header), *lines[1:]]
+
+
+def _garble_line_4(lines: list[str]) -> list[str]:
+    return [*lines[:3], lines[3][:-5], *lines[4:]]
+
+
+TAMPERING = [
+    (_delete_line_3, "line 3: record seq 3 follows seq 1 (a record is missing)", 1),
+    (_swap_lines_3_and_4, "line 3: record seq 3 follows seq 1 (out of order: seq 2 is on line 4)", 1),
+    (_duplicate_line_3, "line 4: a duplicate of line 3 (record seq 2)", 2),
+    (_edit_a_result_on_line_3, "line 3: edited (its hash does not match the next record's prev)", 1),
+    (_empty_line_3, "line 3: a record without 'type'", 1),
+    (_without("results"), "line 3: the batch record has no 'results'", 1),
+    (_without("plan"), "line 3: the batch record has no 'plan'", 1),
+    (_without("run"), "line 3: the batch record has no 'run'", 1),
+    (_without("prev"), "line 3: the batch record has no 'prev'", 1),
+    (_drop_a_status_on_line_3, "line 3: results[1] has no 'status'", 1),
+    (_edit_the_header, "line 1: edited (its hash does not match the next record's prev)", 0),
+    (_garble_line_4, "line 4 is not a JSON record: ", 2),
+]
+
+
+async def test_every_kind_of_tampering_is_named_by_its_line(tmp_path: Path) -> None:
+    """A deleted, moved, duplicated, edited, emptied or incomplete record is a problem naming
+    its line and what is wrong, never an exception; the batches before it replay."""
+    original = tmp_path / "s.jsonl"
+    await record_session(original, Counter(), {"a": "v1"})
+    lines = original.read_text().splitlines()
+    assert len(lines) == 5
+    for tamper, problem, replayed in TAMPERING:
+        path = tmp_path / f"{tamper.__name__}.jsonl"
+        path.write_text("".join(line + "\n" for line in tamper(lines)))
+        report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+        assert report.problem is not None and report.problem.startswith(problem), (tamper, report.problem)
+        assert not report.ok and report.divergence is None and not report.truncated, tamper
+        assert report.batches == replayed, (tamper, report.batches)
+
+
+async def test_the_chain_links_every_record_to_the_line_before(tmp_path: Path) -> None:
+    """The header is seq 0; each batch has the next seq and the xxh3-64 of the previous line."""
+    path = tmp_path / "s.jsonl"
+    await record_session(path, Counter(), {"a": "v1"})
+    lines = path.read_bytes().split(b"\n")[:-1]
+    records = [json.loads(line) for line in lines]
+    assert [r["seq"] for r in records] == [0, 1, 2, 3, 4]
+    assert [r["prev"] for r in records[1:]] == [line_hash(line) for line in lines[:-1]]
+    assert "prev" not in records[0] and records[0]["format"] == 2
+
+
+async def test_a_recorder_opened_on_a_recording_goes_on_with_its_chain(tmp_path: Path) -> None:
+    """A second session recording into the same file continues the numbering and the chain."""
+    path = tmp_path / "s.jsonl"
+    d = Dispatcher(fake_registry(Counter(), {}))
+    await d.session("one", record=path).dispatch([call("1", "echo", text="x")])
+    await d.session("two", record=path).dispatch([call("2", "echo", text="y")])
+    assert [r["seq"] for r in _records(path)] == [0, 1, 2]
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.calls == 2, (report.problem, report.divergence)
+
+
+async def test_a_recording_without_the_chain_replays_with_a_warning(tmp_path: Path) -> None:
+    """A format 1 recording (no seq, no prev) replays, with a warning that it cannot be checked."""
+    path = tmp_path / "s.jsonl"
+    await record_session(path, Counter(), {"a": "v1"})
+    records = _records(path)
+    for record in records:
+        record.pop("seq", None)
+        record.pop("prev", None)
+        record.pop("tools", None)
+    records[0]["format"] = 1
+    _rewrite(path, records)
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.calls == 8
+    assert len(report.warnings) == 1 and "cannot be detected" in report.warnings[0]
+
+
+# --- divergences ----------------------------------------------------------------------------
+
+
+async def test_a_pass_1_decision_that_changed_is_a_divergence(tmp_path: Path) -> None:
+    """A call pass 1 rejected then and decides otherwise now (a tool of that name, requiring an
+    argument, was added) diverges on its status; the registry change is a warning naming it."""
+    path = tmp_path / "s.jsonl"
+    await record_session(path, Counter(), {"a": "v1"})
+    reg = fake_registry(Counter(), {})
+    needs_x = {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}
+    reg.add(Tool("nope", "Now it exists.", lambda a, c: "ran", needs_x, deferred=False))
+    report = await replay(path, Dispatcher(reg))
+    div = report.divergence
+    assert div is not None and report.problem is None
+    assert (div.batch, div.line, div.index, div.call_id, div.field) == (1, 2, 2, "3", "status")
+    assert (div.expected, div.got) == ("rejected", "invalid_arguments")
+    assert report.warnings == ("the tools differ from those the recording was made with: nope added",)
+
+
+async def test_a_long_content_shows_a_window_around_its_first_difference(tmp_path: Path) -> None:
+    """A 20,000-character result differing at offset 10,000 is shown as a short window there,
+    with the offset and "…" marks, whatever the length."""
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(fake_registry(Counter(), {})).session("rec", record=path)
+    text = "ab" * 10_000
+    await s.dispatch([call("1", "echo", text=text)])
+    await s.dispatch([call("2", "echo", text=text)])  # deduped: its content comes from call 1
+    records = _records(path)
+    records[2]["results"][0]["content"] = text[:10_000] + "X" + text[10_001:]
+    _rewrite(path, records, rechain=True)
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    div = report.divergence
+    assert div is not None and (div.batch, div.index, div.call_id, div.field) == (2, 0, "2", "content")
+    shown = str(div)
+    assert shown.startswith("batch 2 (line 3), call 0 (2): content differs at offset 10000: ")
+    assert "expected …'ababababababababababXbababababababababab'…" in shown
+    assert "got …'abababababababababababababababababababab'…" in shown
+    assert len(shown) < 200 and len(div.expected) == len(div.got) == 20_000
+
+
+async def test_the_earliest_differing_call_is_blamed(tmp_path: Path) -> None:
+    """Two calls of a batch differ (an edited pass-1 answer at index 1, an edited key at index
+    2 that pass 2 meets first): the one reported is index 1."""
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(fake_registry(Counter(), {})).session("rec", record=path)
+    await s.dispatch([call("1", "echo", text="a"), call("2", "nope"), call("3", "echo", text="b")])
+    records = _records(path)
+    records[1]["results"][1]["content"] = "edited answer"
+    records[1]["plan"][2]["key"] = "0" * 32
+    _rewrite(path, records, rechain=True)
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    div = report.divergence
+    assert div is not None and (div.index, div.call_id, div.field) == (1, "2", "content")
+    assert div.expected == "edited answer" and "Tool not found: nope" in div.got
+
+
+async def test_a_changed_description_is_a_warning_naming_the_tool(tmp_path: Path) -> None:
+    """A registry whose `echo` has a new description replays on with a warning that names it."""
+    path = tmp_path / "s.jsonl"
+    await record_session(path, Counter(), {"a": "v1"})
+    reg = fake_registry(Counter(), {})
+    echo = reg.get("echo")
+    reg.remove("echo")
+    reg.add(
+        Tool("echo", "Say the text back.", echo.handler, echo.parameters, concurrent=True, deferred=False)
+    )
+    report = await replay(path, Dispatcher(reg))
+    assert not report.fingerprint_matches and report.ok and report.batches == 4
+    assert report.warnings == (
+        "the tools differ from those the recording was made with: echo changed (description)",
+    )
+
+
+# --- recording never raises into a batch ----------------------------------------------------
+
+
+async def test_calls_of_any_shape_are_recorded_as_received_and_replay(tmp_path: Path) -> None:
+    """A call that is a list, number, bool, bytes, None or object, and arguments of those types,
+    are recorded (raw, or as a placeholder naming the type) and replay to the same answers."""
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(fake_registry(Counter(), {})).session("rec", record=path)
+    odd: list[Any] = [[1, 2], 3, True, b"x", None, object()]
+    odd += [ToolCall(f"a{i}", "echo", a) for i, a in enumerate([[1], 2.5, False, b"y", None, object()])]  # type: ignore[arg-type]
+    results = await s.dispatch([call("1", "echo", text="x"), *odd])
+    assert len(results) == 1 + len(odd) and results[0].ok
+    assert [r.status for r in results[1:]] == [Status.invalid_arguments] * len(odd)
+    assert s.recorder is not None and s.recorder.problem is None
+    calls = _records(path)[1]["calls"]
+    assert calls[1:4] == [{"raw": [1, 2]}, {"raw": 3}, {"raw": True}]
+    assert calls[4] == {"raw": {"$opaque": "bytes", "repr": "b'x'"}, "opaque": True}
+    assert calls[10] == {
+        "id": "a3",
+        "name": "echo",
+        "arguments": {"$opaque": "bytes", "repr": "b'y'"},
+        "opaque": True,
+    }
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.calls == 1 + len(odd), report.divergence
+
+
+def test_record_batch_never_raises(tmp_path: Path, caplog: Any) -> None:
+    """A batch the recorder cannot make a record of (here a plan that does not match its
+    results) stops the recording with `problem`, logged once, and raises nothing."""
+    from dispatcher._plan import Plan
+
+    recorder = Recorder(
+        tmp_path / "s.jsonl", registry=_echo_registry(Counter()), session_id="s", mode="deferred"
+    )
+    for _ in range(2):
+        recorder.record_batch(
+            run_id=1,
+            round=1,
+            calls=[ToolCall("1", "echo", {})],
+            plan=Plan(calls=(), groups=()),
+            results=[None],
+            decisions={},
+            control=None,
+        )
+    assert isinstance(recorder.problem, ValueError)
+    assert sum("failed and stops here" in r.getMessage() for r in caplog.records) == 1
+    assert not (tmp_path / "s.jsonl").exists()
+
+
+async def test_a_format_1_call_that_was_unreadable_still_replays(tmp_path: Path) -> None:
+    """Format 1 wrote an unreadable call as its repr; replay hands pass 1 that text, as before."""
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(fake_registry(Counter(), {})).session("rec", record=path)
+    await s.dispatch(["not a call"])
+    records = _records(path)
+    records[0] = {k: v for k, v in records[0].items() if k not in ("seq", "tools")} | {"format": 1}
+    records[1] = {k: v for k, v in records[1].items() if k not in ("seq", "prev")}
+    records[1]["calls"] = [{"unreadable": "not a call"}]
+    _rewrite(path, records)
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.calls == 1 and report.warnings
+
+
+async def test_a_call_of_no_known_shape_is_recorded_without_its_secrets(tmp_path: Path) -> None:
+    """A mapping that is not a tool call is recorded raw, its credentials redacted, and replays."""
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(fake_registry(Counter(), {})).session("rec", record=path)
+    [r] = await s.dispatch([{"id": "x", "tool": "echo", "api_key": SECRETS["arg"]}])
+    assert r.status is Status.invalid_arguments
+    assert SECRETS["arg"].encode() not in path.read_bytes()
+    assert _records(path)[1]["calls"][0] == {
+        "raw": {"id": "x", "tool": "echo", "api_key": redact(SECRETS["arg"])}
+    }
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok, report.divergence

@@ -176,8 +176,9 @@ def _replay_workspace(path: str) -> str:
     header, _, _, problem = read_recording(path)
     if problem and not header:
         raise ValueError(problem)
-    workspace = header.get("meta", {}).get("workspace")
-    if not workspace or not Path(workspace).is_dir():
+    meta = header.get("meta")
+    workspace = meta.get("workspace") if isinstance(meta, dict) else None
+    if not isinstance(workspace, str) or not workspace or not Path(workspace).is_dir():
         workspace = tempfile.mkdtemp(prefix="threepass-replay-")
     return str(workspace)
 
@@ -187,17 +188,17 @@ async def _replay(args: argparse.Namespace, workspace: str, out: TextIO) -> int:
 
     d = Dispatcher(default_registry(workspace))
     report = await replay(args.recording, d)
-    if not report.fingerprint_matches:
-        out.write("warning: the tools differ from those the recording was made with\n")
+    for warning in report.warnings:
+        out.write(f"warning: {warning}\n")
     if report.truncated:
         out.write("warning: the last line was cut short (a crash while writing); replayed the rest\n")
+    out.write(f"replayed {report.calls} calls in {report.batches} batches without running any tool\n")
     if report.problem:
         out.write(f"problem: {report.problem}\n")
-    out.write(f"replayed {report.calls} calls in {report.batches} batches without running any tool\n")
     if report.divergence is not None:
         out.write(f"divergence: {report.divergence}\n")
-        return 1
-    out.write("no divergence\n")
+    elif not report.problem:
+        out.write("no divergence\n")
     return 0 if report.ok else 1
 
 
