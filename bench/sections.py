@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
-_SECTION = re.compile(r"<!-- (?P<name>[a-z-]+) -->\n.*?<!-- /(?P=name) -->", re.S)
+_SECTION = re.compile(r"<!-- (?P<name>[a-z0-9-]+) -->\n.*?<!-- /(?P=name) -->", re.S)
 
 
 def kept_sections(text: str) -> str:

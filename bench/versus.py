@@ -9,7 +9,7 @@ over the rounds, and the ratio is this checkout's over the revision's.
     python -m bench.versus REVISION [--rounds 7] [--loop trio|asyncio] [--write]
 
 `--write` puts the table, with the command and the date, into bench/RESULTS.md between
-`<!-- versus -->` markers (the harness keeps that section when it rewrites the file).
+`<!-- versus-REVISION -->` markers (the harness keeps such sections when it rewrites the file).
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def main() -> None:
 
         command = " ".join(["python -m bench.versus", *map(shlex.quote, sys.argv[1:])])
         lines.append("(the same measurement, bench/percall.py, imports each revision's kernel in turn)")
-        write_section("versus", "This checkout against an earlier revision", command, lines)
+        name = f"versus-{args.revision[:12].lower()}"
+        write_section(name, f"This checkout against {args.revision}", command, lines)
 
 
 if __name__ == "__main__":
