@@ -393,7 +393,7 @@ class Executor:
             borrower = object()
             try:
                 limiter.acquire_on_behalf_of_nowait(borrower)
-            except anyio.WouldBlock:
+            except self._p.would_block:  # the loop's own limiter raises the loop's own WouldBlock
                 await limiter.acquire_on_behalf_of(borrower)
         # a sync call's slot is given back by its thread (it may outlive a timeout)
         release = borrower is not None and (self._runner is not None or tool.is_async)
