@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import attrs
 
 from . import _backend
 from ._core_tools import core_registry
-from ._execute import HookSet
+from ._execute import HookSet, watch_loop
 from ._history import DEFAULT_HISTORY_LIMIT
 from ._plan import DEFAULT_MAX_ARGUMENT_BYTES
 from ._registry import Registry
@@ -22,6 +23,7 @@ from ._results import DEFAULT_MAX_OUTPUT_BYTES
 from ._seams import ResultCache, ToolRunner
 from ._session import Session
 from ._types import Allow, Deny, ToolCall, ToolResult
+from ._watch import DEFAULT_BLOCK_THRESHOLD, DispatcherStatistics, Watch
 
 __all__ = ["DEFAULT_TIMEOUT", "Dispatcher", "default_limit"]
 
@@ -56,6 +58,13 @@ class Dispatcher:
     A Dispatcher belongs to the event loop that first dispatches through it (trio or
     asyncio): using it from another loop or thread raises RuntimeError. Make one per
     loop; they can share a result store.
+
+    Nothing wedges it (see `statistics()`): `queue_limit` is how long a call may wait for
+    a slot before it ends `timed_out` naming the holders (None: the call's own timeout);
+    `block_threshold` is how long an async tool may hold the loop in one step before it
+    is logged and counted. (Which tools run in a worker process is the registry's
+    business, as registration checks that they can: `Registry(isolation=...)`.) The
+    dispatcher owns those worker processes: `shutdown()` kills them.
     """
 
     def __init__(
@@ -72,6 +81,8 @@ class Dispatcher:
         timeout: float = DEFAULT_TIMEOUT,
         max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        queue_limit: float | None = None,
+        block_threshold: float = DEFAULT_BLOCK_THRESHOLD,
     ) -> None:
         if not isinstance(registry, Registry):
             raise TypeError(f"expected a Registry, got {registry!r}")
@@ -80,6 +91,10 @@ class Dispatcher:
             raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent!r}")
         if not timeout > 0:
             raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+        if queue_limit is not None and not queue_limit >= 0:
+            raise ValueError(f"queue_limit must be seconds (or None), got {queue_limit!r}")
+        if not block_threshold > 0:
+            raise ValueError(f"block_threshold must be positive seconds, got {block_threshold!r}")
         self.registry = registry
         self.core_registry = core_registry()
         self.cache = cache
@@ -95,6 +110,8 @@ class Dispatcher:
         self._binding: _Binding | None = None
         self._sessions: dict[str, Session] = {}
         self._private: Session | None = None
+        self.watch = Watch(queue_limit, block_threshold)
+        weakref.finalize(self, Watch.shutdown, self.watch)
 
     def _bind(self) -> _Binding:
         """The loop this dispatcher belongs to: the first one to use it."""
@@ -106,6 +123,7 @@ class Dispatcher:
             if self.limiter.borrowed_tokens == 0:
                 # the loop's own limiter from now on: anyio's wrapper of trio's costs a call
                 self.limiter = primitives.capacity_limiter(self.limiter.total_tokens)
+            watch_loop(self.watch, primitives)
         elif bound.loop != here:
             first, now = bound.loop, here
             raise RuntimeError(
@@ -114,6 +132,18 @@ class Dispatcher:
                 "Dispatcher per event loop (they can share a result store)."
             )
         return bound
+
+    def statistics(self) -> DispatcherStatistics:
+        """The limiter's slots, the sync calls stuck past their timeout holding one, how many
+        calls held the event loop, the worker processes alive. Ask on the dispatcher's loop."""
+        return self.watch.statistics(self.limiter)
+
+    def shutdown(self) -> None:
+        """Kill the worker processes of `isolation="process"` tools, idle or running (a
+        running call ends `failed`, its worker gone). Calls of such tools fail from now on;
+        everything else goes on working. Also done when the dispatcher is collected.
+        Separate from closing sessions: it is about processes, not conversations."""
+        self.watch.shutdown()
 
     def session(
         self,
