@@ -132,10 +132,13 @@ class BlockWatch:
     """Catches a task that holds the loop, on either backend, at no cost per call or task
     step: while a batch runs, a daemon thread posts a probe to the loop every `period` and
     times how long the loop takes to run it. While a probe is overdue past half the
-    threshold, the thread looks at the loop thread's stack (`sys._current_frames`) and
-    asks `culprit(frame)` what is holding it; when the probe finally runs, on the loop's
-    thread, a wait over `threshold` is reported as `report(culprit, seconds)`. The
-    seconds are the probe's wait, within one period of the stall.
+    threshold, the thread looks at the loop thread's stack (`sys._current_frames`) every
+    period and asks `culprit(frame)` what is running and since when (time.monotonic). The
+    same call seen on consecutive looks has held the loop from when it (or the wait)
+    began to the last look, give or take a period; many quick calls that never yield hold
+    it together, but none of them alone, and are not reported. When the probe finally
+    runs, on the loop's thread, a call that held the loop past `threshold` is reported as
+    `report(what, seconds)`.
 
     (A trio instrument timing each task step is exact, but costs about a microsecond a
     step and ten to install; asyncio has no step hook at all. The probe is the same on
@@ -145,7 +148,7 @@ class BlockWatch:
     def __init__(
         self,
         threshold: float,
-        culprit: Callable[[FrameType], Any],
+        culprit: Callable[[FrameType], tuple[Any, float] | None],
         report: Callable[[Any, float], None],
     ) -> None:
         self._threshold = threshold
@@ -162,7 +165,7 @@ class BlockWatch:
         self._starting = threading.Lock()
         self._sampler: threading.Thread | None = None
         self._answered = threading.Event()
-        self._suspect: Any = None
+        self._suspect: tuple[Any, float] | None = None  # (what, seconds): held past the threshold
 
     def enter(self) -> None:
         self._batches += 1
@@ -177,13 +180,12 @@ class BlockWatch:
     def exit(self) -> None:
         self._batches -= 1
 
-    def _answer(self, posted: float) -> None:
-        """The probe, run by the loop: how long it waited is how long the loop was held."""
-        waited = time.monotonic() - posted
+    def _answer(self) -> None:
+        """The probe, run by the loop: it was held if the thread saw who held it."""
         suspect, self._suspect = self._suspect, None
         self._answered.set()
-        if waited > self._threshold and suspect is not None:
-            self._report(suspect, waited)
+        if suspect is not None:
+            self._report(*suspect)
 
     def _watch(self) -> None:
         stale = max(2 * self._period, self._threshold / 2)
@@ -197,8 +199,9 @@ class BlockWatch:
                             return
             self._answered.clear()
             posted = time.monotonic()
+            seen: tuple[Any, float] | None = None
             try:
-                self._post(self._answer, posted)
+                self._post(self._answer)
             except Exception:  # the loop is gone (trio's RunFinishedError, asyncio's RuntimeError)
                 with self._starting:
                     self._sampler = None
@@ -206,9 +209,14 @@ class BlockWatch:
             while not self._answered.wait(self._period):
                 if not self._batches and time.monotonic() - posted > 1.0:
                     break  # a loop that ended with the probe unrun
-                if self._suspect is None and time.monotonic() - posted > stale:
+                now = time.monotonic()
+                if now - posted > stale:
                     frame = sys._current_frames().get(self._loop_thread)
-                    if frame is not None:
-                        self._suspect = self._culprit(frame)
+                    found = None if frame is None else self._culprit(frame)
                     del frame
+                    if found is not None and seen is not None and found[0] is seen[0]:
+                        held = now - max(found[1], posted) + self._period
+                        if held > self._threshold:
+                            self._suspect = (found[0], held)
+                    seen = found
             time.sleep(self._period)

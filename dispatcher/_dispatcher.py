@@ -123,7 +123,7 @@ class Dispatcher:
             if self.limiter.borrowed_tokens == 0:
                 # the loop's own limiter from now on: anyio's wrapper of trio's costs a call
                 self.limiter = primitives.capacity_limiter(self.limiter.total_tokens)
-            watch_loop(self.watch, primitives)
+            watch_loop(self.watch)
         elif bound.loop != here:
             first, now = bound.loop, here
             raise RuntimeError(

@@ -450,14 +450,13 @@ class Executor:
         self.started.add(planned.index)
         started = time.time()
         t0 = time.monotonic()
-        now = self._now()
-        deadline = now + timeout
+        holding = self._holding
         if borrower is not None:
-            self._holding[borrower] = (planned, now, timeout)
+            holding[borrower] = (planned, t0, timeout)
         try:
             if slot.watched:
                 slot.running, slot.ctx, slot.started, slot.t0 = planned, ctx, started, t0
-                slot.timeout, slot.deadline = timeout, deadline
+                slot.timeout, slot.deadline = timeout, self._now() + timeout
                 value = await self._start(planned, ctx, args, borrower, timeout)
                 slot.idle()
             else:
@@ -465,7 +464,8 @@ class Executor:
                     value = await self._start(planned, ctx, args, borrower, timeout)
                 if scope.cancelled_caught:
                     return self._timed_out(planned, timeout, started, t0)
-            if tool.is_async and self._now() > deadline:
+            duration = time.monotonic() - t0
+            if duration > timeout and tool.is_async:
                 # it held the loop (or swallowed its cancellation) past its timeout: what it
                 # returned came too late to count (a nested sync call is not cut short at its
                 # timeout, being on its caller's slot, and is reported as it ends)
@@ -475,7 +475,6 @@ class Executor:
                     return value
                 return attrs.evolve(value, call_id=planned.call_id, name=planned.name)
             content = normalize_output(value, self._max_out)
-            duration = time.monotonic() - t0
             return ToolResult(
                 planned.call_id, planned.name, Status.ok, content, started=started, duration=duration
             )
@@ -527,8 +526,9 @@ class Executor:
                 limit=self._max_out,
             )
         finally:
-            if release:
-                self._watch.release(limiter, borrower)
+            if release:  # what Watch.release does, inline: this is every async call
+                del holding[borrower]
+                limiter.release_on_behalf_of(borrower)
 
     async def _queue(self, planned: PlannedCall, borrower: object, call_timeout: float) -> ToolResult | None:
         """Wait for a slot, at most the queue limit (default: the call's timeout). None: got
@@ -541,7 +541,7 @@ class Executor:
             await self._limiter.acquire_on_behalf_of(borrower)
         if not scope.cancelled_caught:
             return None
-        holders = self._watch.holders(self._now()) or "nobody (the limit is full of nested calls)"
+        holders = self._watch.holders() or "nobody (the limit is full of nested calls)"
         return failure_result(
             planned.call_id,
             planned.name,
@@ -662,14 +662,17 @@ _RUNNING_ON: contextvars.ContextVar[_Holder | None] = contextvars.ContextVar(
 """The slot the current task's handler holds, if any (see `Executor.run`)."""
 
 
-def _culprit(frame: FrameType | None) -> PlannedCall | None:
+def _culprit(frame: FrameType | None) -> tuple[PlannedCall, float] | None:
     """The call whose `_invoke` is on the loop thread's stack (the innermost: a nested
-    dispatch runs inside its caller's handler), sampled while the loop is held; read from
-    another thread, so it only reads."""
+    dispatch runs inside its caller's handler) and when it started (time.monotonic), sampled
+    while the loop is held; read from another thread, so it only reads."""
     while frame is not None:
         if frame.f_code is _INVOKE:
-            planned = frame.f_locals.get("planned")
-            return planned if isinstance(planned, PlannedCall) else None
+            found = frame.f_locals
+            planned, t0 = found.get("planned"), found.get("t0")
+            if isinstance(planned, PlannedCall) and isinstance(t0, float):
+                return planned, t0
+            return None
         frame = frame.f_back
     return None
 
@@ -681,9 +684,8 @@ def _report_block(watch: Watch, planned: PlannedCall, seconds: float) -> None:
     watch.blocked(planned, seconds)
 
 
-def watch_loop(watch: Watch, primitives: _backend.Primitives) -> None:
-    """Bind `watch` to the running loop: its clock, and its block watch."""
-    watch.clock = primitives.clock
+def watch_loop(watch: Watch) -> None:
+    """Bind `watch` to the running loop: its block watch."""
 
     def report(planned: PlannedCall, seconds: float) -> None:
         _report_block(watch, planned, seconds)

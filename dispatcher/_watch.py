@@ -10,7 +10,7 @@ Nothing here imports trio or asyncio (the loop-blocking probes live in `_backend
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -55,8 +55,8 @@ class DispatcherStatistics:
 
 
 Holding = tuple["PlannedCall", float, float]
-"""One slot's holder: the call, when (loop clock) it took the slot, its timeout (a tuple:
-one is made per call)."""
+"""One slot's holder: the call, when (time.monotonic) it took the slot, its timeout (a
+tuple: one is made per call)."""
 
 
 @attrs.define(eq=False)
@@ -65,7 +65,6 @@ class Watch:
 
     queue_limit: float | None
     block_threshold: float
-    clock: Callable[[], float] | None = None  # the loop's, once the dispatcher is bound
     holding: dict[object, Holding] = attrs.field(factory=dict)
     stuck_ones: dict[object, None] = attrs.field(factory=dict)  # borrowers whose thread outlived them
     loop_blocks: int = 0
@@ -73,8 +72,9 @@ class Watch:
     blocking: BlockWatch | None = None
     pool: ProcessPool | None = None
 
-    def holders(self, now: float) -> str:
+    def holders(self) -> str:
         """`tool(call_id, running X s), ...`: who holds the slots, oldest first."""
+        now = time.monotonic()
         held = sorted(self.holding.values(), key=lambda h: h[1])
         return ", ".join(f"{p.name}({p.call_id}, running {now - since:.1f} s)" for p, since, _ in held)
 
@@ -123,7 +123,7 @@ class Watch:
         self.pool.shutdown()
 
     def statistics(self, limiter: Any) -> DispatcherStatistics:
-        now = self.clock() if self.clock is not None else 0.0
+        now = time.monotonic()
         held = sorted((self.holding[b] for b in self.stuck_ones if b in self.holding), key=lambda h: h[1])
         stuck = tuple(
             StuckCall(p.name, p.call_id, max(0.0, now - since - timeout)) for p, since, timeout in held
