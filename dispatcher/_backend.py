@@ -18,6 +18,7 @@ or where the kernel must know which loop it is on:
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import threading
 import time
@@ -39,6 +40,8 @@ __all__ = [
     "primitives",
     "wait_readable",
 ]
+
+_log = logging.getLogger("threepass.execute")
 
 LoopIdentity = tuple[str, object, int]
 """(the async library's name, its running loop or token, the thread it runs on)."""
@@ -185,7 +188,10 @@ class BlockWatch:
         suspect, self._suspect = self._suspect, None
         self._answered.set()
         if suspect is not None:
-            self._report(*suspect)
+            try:
+                self._report(*suspect)
+            except Exception:  # a callback of the loop's own must never raise into it
+                _log.warning("reporting a call that held the loop failed", exc_info=True)
 
     def _watch(self) -> None:
         stale = max(2 * self._period, self._threshold / 2)
@@ -212,7 +218,10 @@ class BlockWatch:
                 now = time.monotonic()
                 if now - posted > stale:
                     frame = sys._current_frames().get(self._loop_thread)
-                    found = None if frame is None else self._culprit(frame)
+                    try:
+                        found = None if frame is None else self._culprit(frame)
+                    except Exception:  # a frame that changed under us: look again next period
+                        found = None
                     del frame
                     if found is not None and seen is not None and found[0] is seen[0]:
                         held = now - max(found[1], posted) + self._period

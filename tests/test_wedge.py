@@ -84,6 +84,8 @@ async def test_a_process_call_past_its_timeout_is_killed_and_its_slot_freed_at_o
     finally:
         d.shutdown()
     assert d.statistics().process_workers == 0
+    after = await d.invoke("describe", {"n": 2})
+    assert after.status is Status.failed and "shut down" in after.content
 
 
 async def test_results_errors_and_crashes_cross_the_process_boundary() -> None:
@@ -261,13 +263,20 @@ async def test_generator_exit_and_odd_base_exceptions_are_that_calls_failure() -
     assert "GeneratorExit" in results[0].content and "OddBaseException: odd" in results[2].content
 
 
-async def test_a_tools_keyboard_interrupt_commits_the_group_then_propagates_plainly() -> None:
-    """A KeyboardInterrupt raised by a tool: its siblings finish, what finished is committed
-    (history), later groups do not start, and a plain KeyboardInterrupt propagates."""
+@pytest.mark.parametrize("in_a_thread", [False, True])
+async def test_a_tools_keyboard_interrupt_commits_the_group_then_propagates_plainly(
+    in_a_thread: bool,
+) -> None:
+    """A KeyboardInterrupt raised by a tool (async, or sync in its thread): its siblings
+    finish, what finished is committed (history), later groups do not start, and a plain
+    KeyboardInterrupt propagates."""
     ran: list[str] = []
 
     async def interrupt(args: Mapping[str, Any], ctx: Any) -> str:
         await anyio.sleep(0.01)
+        raise KeyboardInterrupt
+
+    def interrupt_in_a_thread(args: Mapping[str, Any], ctx: Any) -> str:
         raise KeyboardInterrupt
 
     async def sibling(args: Mapping[str, Any], ctx: Any) -> str:
@@ -281,7 +290,7 @@ async def test_a_tools_keyboard_interrupt_commits_the_group_then_propagates_plai
 
     reg = Registry(
         [
-            tool("interrupt", interrupt, concurrent=True),
+            tool("interrupt", interrupt_in_a_thread if in_a_thread else interrupt, concurrent=True),
             tool("sibling", sibling, concurrent=True),
             tool("later", later),
         ]
