@@ -580,6 +580,8 @@ class Executor:
         timeout): the slot is this call's and is given back as it unwinds."""
         pool = self._watch.pool
         if pool is None:
+            if self._watch.closed:
+                raise RuntimeError("this Dispatcher was shut down: it starts no worker processes")
             pool = self._watch.pool = ProcessPool()
         worker = pool.take()
         if worker is None:

@@ -9,7 +9,10 @@ replaced by a new one on the next call. What crosses the boundary is pickled: th
 handler by reference (module and qualified name, which registration checks), the
 arguments, the result, and a `ProcessContext` in place of the ToolContext.
 
-Nothing here imports trio or asyncio: waiting for a reply is `_backend.wait_readable`.
+A worker starts in a thread (the first one also starts the forkserver, a few hundred
+milliseconds); that time counts toward the first call's timeout. Waiting for a reply is
+`_backend.wait_readable` on the pipe, so nothing here imports trio or asyncio; it needs
+a loop that can watch a file descriptor (POSIX: not asyncio's Proactor loop on Windows).
 """
 
 from __future__ import annotations
@@ -133,19 +136,17 @@ class ProcessPool:
         while self._idle:
             worker = self._idle.pop()
             if worker.process.is_alive():
-                self._busy.add(worker)
                 return worker
             self._dying.append(worker.process)
         return None
 
     def start(self) -> _Worker:
+        """A new worker (called in a thread; it touches none of the pool's bookkeeping)."""
         here, there = self._mp.Pipe()
         process = self._mp.Process(target=_serve, args=(there,), daemon=True, name="threepass-worker")
         process.start()
         there.close()
-        worker = _Worker(process, here)
-        self._busy.add(worker)
-        return worker
+        return _Worker(process, here)
 
     async def run(
         self,
@@ -159,7 +160,10 @@ class ProcessPool:
         raised (a KeyboardInterrupt is raised as itself).
         Cancelled (the timeout) or dead, the worker is killed; answered, it goes back idle."""
         answered = False
+        self._busy.add(worker)
         try:
+            if self._closed:
+                raise RuntimeError("this Dispatcher was shut down: its worker processes are gone")
             try:
                 worker.conn.send((handler, dict(args), ctx))
             except (pickle.PicklingError, TypeError, AttributeError) as exc:
@@ -210,9 +214,13 @@ class ProcessPool:
         self._dying = still
 
     def shutdown(self) -> None:
-        """Kill every worker, idle or busy; the pool refuses new calls from now on."""
+        """Kill every worker, idle or busy; the pool refuses new calls from now on. A busy
+        worker's pipe is left to its call, which sees it end and fails."""
         self._closed = True
-        for worker in [*self._idle, *self._busy]:
+        for worker in self._busy:
+            with contextlib.suppress(Exception):
+                worker.process.kill()
+        for worker in self._idle:
             self._kill(worker)
         self._idle.clear()
         for process in self._dying:

@@ -70,7 +70,8 @@ class Watch:
     loop_blocks: int = 0
     last_block: PlannedCall | None = None
     blocking: BlockWatch | None = None
-    pool: ProcessPool | None = None
+    pool: ProcessPool | None = None  # started by the first isolation="process" call
+    closed: bool = False  # shut down: no pool from now on
 
     def holders(self) -> str:
         """`tool(call_id, running X s), ...`: who holds the slots, oldest first."""
@@ -116,11 +117,9 @@ class Watch:
 
     def shutdown(self) -> None:
         """Kill the worker processes; a pool is never started again."""
-        from ._process import ProcessPool
-
-        if self.pool is None:
-            self.pool = ProcessPool()
-        self.pool.shutdown()
+        self.closed = True
+        if self.pool is not None:
+            self.pool.shutdown()
 
     def statistics(self, limiter: Any) -> DispatcherStatistics:
         now = time.monotonic()

@@ -365,3 +365,34 @@ def test_statistics_is_a_frozen_value() -> None:
     )
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         stats.limit = 5  # type: ignore[misc]
+
+
+async def test_a_dispatcher_shut_down_before_any_process_call_starts_no_workers() -> None:
+    """shutdown() before the pool started: a process call fails saying so, no worker starts."""
+    d = Dispatcher(Registry([tool("describe", worker.describe_call, isolation="process")]))
+    d.shutdown()
+    result = await d.invoke("describe", {})
+    assert result.status is Status.failed and "shut down" in result.content
+    assert d.statistics().process_workers == 0
+
+
+async def test_shutdown_during_a_process_call_fails_that_call_at_once() -> None:
+    """shutdown() while a process call runs: its worker is killed and the call fails now,
+    not at its timeout."""
+    d = Dispatcher(Registry([tool("hang", worker.sleep_forever, isolation="process", timeout=30)]))
+    got: list[Any] = []
+
+    async def call() -> None:
+        got.append(await d.invoke("hang", {}))
+
+    began = time.monotonic()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            while not d.statistics().process_workers:  # noqa: ASYNC110 - the worker starts on its own
+                await anyio.sleep(0.01)
+            await anyio.sleep(0.1)
+            d.shutdown()
+    [result] = got
+    assert result.status is Status.failed and "ended without answering (killed by SIGKILL)" in result.content
+    assert time.monotonic() - began < 5
