@@ -135,7 +135,8 @@ class Dispatcher:
 
     def statistics(self) -> DispatcherStatistics:
         """The limiter's slots, the sync calls stuck past their timeout holding one, how many
-        calls held the event loop, the worker processes alive. Ask on the dispatcher's loop."""
+        calls held the event loop, the worker processes alive. It only reads (times are
+        time.monotonic), so a health check on another thread may ask too."""
         return self.watch.statistics(self.limiter)
 
     def shutdown(self) -> None:
