@@ -14,6 +14,7 @@ from ._exceptions import (
     UnknownTool,
 )
 from ._policy import CachePolicy
+from ._process import ProcessContext
 from ._recording import Divergence, ReplayReport, replay
 from ._registry import Registry, Tool
 from ._scripted import ScriptedRunner
@@ -33,6 +34,7 @@ from ._types import (
     ToolResult,
     ToolResultEvent,
 )
+from ._watch import DispatcherStatistics, StuckCall
 
 __all__ = [
     "Allow",
@@ -45,10 +47,12 @@ __all__ = [
     "Deny",
     "DispatchInterrupted",
     "Dispatcher",
+    "DispatcherStatistics",
     "Divergence",
     "HistoryEntry",
     "HookBlocked",
     "Interrupt",
+    "ProcessContext",
     "Registry",
     "ReplayReport",
     "ResultCache",
@@ -56,6 +60,7 @@ __all__ = [
     "Session",
     "SessionStatistics",
     "Status",
+    "StuckCall",
     "Tool",
     "ToolCall",
     "ToolCallDispatchEvent",

@@ -9,14 +9,21 @@ or where the kernel must know which loop it is on:
   (trio's natives on trio: anyio's wrappers there cost several microseconds a call;
   anyio's own on asyncio, where they are the implementation);
 - `loop_identity()`: what a Dispatcher binds to on first use, so that using it from a
-  second loop or thread is a clear error instead of a hang.
+  second loop or thread is a clear error instead of a hang;
+- `wait_readable(fd)`: how pass 2 waits for a worker process's reply;
+- `BlockWatch`: how an async tool that holds the loop is caught — a probe the loop must
+  answer, posted from a thread that looks at the loop thread's stack while it waits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import sys
 import threading
+import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import anyio
@@ -25,7 +32,16 @@ import attrs
 import sniffio
 import trio
 
-__all__ = ["LoopIdentity", "Primitives", "loop_identity", "primitives"]
+__all__ = [
+    "BlockWatch",
+    "LoopIdentity",
+    "Primitives",
+    "loop_identity",
+    "primitives",
+    "wait_readable",
+]
+
+_log = logging.getLogger("threepass.execute")
 
 LoopIdentity = tuple[str, object, int]
 """(the async library's name, its running loop or token, the thread it runs on)."""
@@ -94,3 +110,122 @@ def primitives() -> Primitives:
         anyio.CapacityLimiter,
         anyio.WouldBlock,
     )
+
+
+async def wait_readable(fd: int) -> None:
+    """Until `fd` has something to read (trio's own wait; asyncio's reader callback)."""
+    if sniffio.current_async_library() == "trio":
+        await trio.lowlevel.wait_readable(fd)
+        return
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
+class BlockWatch:
+    """Catches a task that holds the loop, on either backend, at no cost per call or task
+    step: while a batch runs, a daemon thread posts a probe to the loop every `period` and
+    times how long the loop takes to run it. While a probe is overdue past half the
+    threshold, the thread looks at the loop thread's stack (`sys._current_frames`) every
+    period and asks `culprit(frame)` what is running and since when (time.monotonic). The
+    same call seen on consecutive looks has held the loop from when it (or the wait)
+    began to the last look, give or take a period; many quick calls that never yield hold
+    it together, but none of them alone, and are not reported. When the probe finally
+    runs, on the loop's thread, a call that held the loop past `threshold` is reported as
+    `report(what, seconds)`.
+
+    (A trio instrument timing each task step is exact, but costs about a microsecond a
+    step and ten to install; asyncio has no step hook at all. The probe is the same on
+    both.) `enter()`/`exit()` bracket each batch; idle, the thread parks, and it ends
+    after a second of idleness (the next batch starts another)."""
+
+    def __init__(
+        self,
+        threshold: float,
+        culprit: Callable[[FrameType], tuple[Any, float] | None],
+        report: Callable[[Any, float], None],
+    ) -> None:
+        self._threshold = threshold
+        self._period = min(0.02, threshold / 4)
+        self._culprit = culprit
+        self._report = report
+        self._batches = 0
+        if sniffio.current_async_library() == "trio":
+            self._post: Callable[..., Any] = trio.lowlevel.current_trio_token().run_sync_soon
+        else:
+            self._post = asyncio.get_running_loop().call_soon_threadsafe
+        self._loop_thread = threading.get_ident()
+        self._awake = threading.Event()
+        self._starting = threading.Lock()
+        self._sampler: threading.Thread | None = None
+        self._answered = threading.Event()
+        self._suspect: tuple[Any, float] | None = None  # (what, seconds): held past the threshold
+
+    def enter(self) -> None:
+        self._batches += 1
+        if not self._awake.is_set():
+            self._awake.set()
+            with self._starting:
+                if self._sampler is None:
+                    sampler = threading.Thread(target=self._watch, name="threepass-block-watch", daemon=True)
+                    self._sampler = sampler
+                    sampler.start()
+
+    def exit(self) -> None:
+        self._batches -= 1
+
+    def _answer(self) -> None:
+        """The probe, run by the loop: it was held if the thread saw who held it."""
+        suspect, self._suspect = self._suspect, None
+        self._answered.set()
+        if suspect is not None:
+            try:
+                self._report(*suspect)
+            except Exception:  # a callback of the loop's own must never raise into it
+                _log.warning("reporting a call that held the loop failed", exc_info=True)
+
+    def _watch(self) -> None:
+        stale = max(2 * self._period, self._threshold / 2)
+        while True:
+            if not self._batches:
+                self._awake.clear()
+                if not self._awake.wait(1.0):
+                    with self._starting:
+                        if not self._awake.is_set():
+                            self._sampler = None
+                            return
+            self._answered.clear()
+            posted = time.monotonic()
+            seen: tuple[Any, float] | None = None
+            try:
+                self._post(self._answer)
+            except Exception:  # the loop is gone (trio's RunFinishedError, asyncio's RuntimeError)
+                with self._starting:
+                    self._sampler = None
+                return
+            while not self._answered.wait(self._period):
+                if not self._batches and time.monotonic() - posted > 1.0:
+                    break  # a loop that ended with the probe unrun
+                now = time.monotonic()
+                if now - posted > stale:
+                    frame = sys._current_frames().get(self._loop_thread)
+                    try:
+                        found = None if frame is None else self._culprit(frame)
+                    except Exception:  # a frame that changed under us: look again next period
+                        found = None
+                    del frame
+                    if found is not None and seen is not None and found[0] is seen[0]:
+                        held = now - max(found[1], posted) + self._period
+                        if held > self._threshold:
+                            self._suspect = (found[0], held)
+                    seen = found
+            time.sleep(self._period)

@@ -8,6 +8,7 @@ import itertools
 import math
 import os
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import attrs
 
 from . import _backend
 from ._core_tools import core_registry
-from ._execute import HookSet
+from ._execute import HookSet, watch_loop
 from ._history import DEFAULT_HISTORY_LIMIT
 from ._plan import DEFAULT_MAX_ARGUMENT_BYTES
 from ._registry import Registry
@@ -25,6 +26,7 @@ from ._results import DEFAULT_MAX_OUTPUT_BYTES
 from ._seams import ResultCache, ToolRunner
 from ._session import Session
 from ._types import Allow, Answer, BatchEvent, Deny, ToolCall, ToolResult
+from ._watch import DEFAULT_BLOCK_THRESHOLD, DispatcherStatistics, Watch
 
 __all__ = ["DEFAULT_TIMEOUT", "Dispatcher", "default_limit"]
 
@@ -65,6 +67,13 @@ class Dispatcher:
     A Dispatcher belongs to the event loop that first dispatches through it (trio or
     asyncio): using it from another loop or thread raises RuntimeError. Make one per
     loop; they can share a result store.
+
+    Nothing wedges it (see `statistics()`): `queue_limit` is how long a call may wait for
+    a slot before it ends `timed_out` naming the holders (None: the call's own timeout);
+    `block_threshold` is how long an async tool may hold the loop in one step before it
+    is logged and counted. (Which tools run in a worker process is the registry's
+    business, as registration checks that they can: `Registry(isolation=...)`.) The
+    dispatcher owns those worker processes: `shutdown()` kills them.
     """
 
     def __init__(
@@ -83,6 +92,8 @@ class Dispatcher:
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         max_idle_sessions: int | None = None,
         idle_timeout: float | None = None,
+        queue_limit: float | None = None,
+        block_threshold: float = DEFAULT_BLOCK_THRESHOLD,
     ) -> None:
         if not isinstance(registry, Registry):
             raise TypeError(f"expected a Registry, got {registry!r}")
@@ -91,6 +102,10 @@ class Dispatcher:
             raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent!r}")
         if not timeout > 0:
             raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+        if queue_limit is not None and not queue_limit >= 0:
+            raise ValueError(f"queue_limit must be seconds (or None), got {queue_limit!r}")
+        if not block_threshold > 0:
+            raise ValueError(f"block_threshold must be positive seconds, got {block_threshold!r}")
         self.registry = registry
         self.core_registry = core_registry()
         self.cache = cache
@@ -115,6 +130,8 @@ class Dispatcher:
         self.max_idle_sessions = max_idle_sessions
         self.idle_timeout = idle_timeout
         self._private: Session | None = None
+        self.watch = Watch(queue_limit, block_threshold)
+        weakref.finalize(self, Watch.shutdown, self.watch)
         self._batch_subscribers: list[Callable[[BatchEvent], Any]] = []
 
     def subscribe_batches(self, fn: Callable[[BatchEvent], Any]) -> Callable[[], None]:
@@ -135,6 +152,7 @@ class Dispatcher:
             if self.limiter.borrowed_tokens == 0:
                 # the loop's own limiter from now on: anyio's wrapper of trio's costs a call
                 self.limiter = primitives.capacity_limiter(self.limiter.total_tokens)
+            watch_loop(self.watch)
         elif bound.loop != here:
             first, now = bound.loop, here
             raise RuntimeError(
@@ -163,6 +181,19 @@ class Dispatcher:
         if not recent or recent[0][0] > generation + 1:
             return None
         return frozenset().union(*(w for g, w in recent if g > generation))
+
+    def statistics(self) -> DispatcherStatistics:
+        """The limiter's slots, the sync calls stuck past their timeout holding one, how many
+        calls held the event loop, the worker processes alive. It only reads (times are
+        time.monotonic), so a health check on another thread may ask too."""
+        return self.watch.statistics(self.limiter)
+
+    def shutdown(self) -> None:
+        """Kill the worker processes of `isolation="process"` tools, idle or running (a
+        running call ends `failed`, its worker gone). Calls of such tools fail from now on;
+        everything else goes on working. Also done when the dispatcher is collected.
+        Separate from closing sessions: it is about processes, not conversations."""
+        self.watch.shutdown()
 
     def session(
         self,

@@ -8,8 +8,14 @@ a hundred that sleep fan out to the limit. The limiter still bounds every call, 
 a free slot is taken without a scheduler round trip.
 
 Ordinary failures become results here and never raise; run control (cancellation,
-`HookBlocked`, `DispatchInterrupted`) is collected per call and raised by the session
-after what finished is committed.
+`HookBlocked`, `DispatchInterrupted`, a tool's `KeyboardInterrupt`) is collected per call
+and raised by the session after what finished is committed.
+
+Nothing wedges the dispatcher: a call that cannot get a slot within its queue limit ends
+`timed_out` naming the holders; a sync call past its timeout in a thread is reported at
+once and listed as stuck while its thread holds the slot (with `isolation="process"` its
+worker is killed instead); an async call that holds the loop is reported (`_backend`'s
+block watch) and, past its timeout, is `timed_out`, never `ok`.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import FrameType
 from typing import Any
 
 import anyio
@@ -35,10 +42,12 @@ import attrs
 from . import _backend
 from ._exceptions import DispatchInterrupted, HookBlocked, ToolError
 from ._plan import Plan, PlannedCall
+from ._process import ProcessContext, ProcessPool
 from ._results import describe, failure_result, normalize_output
 from ._types import Status, ToolCall, ToolContext, ToolResult
+from ._watch import DEFAULT_BLOCK_THRESHOLD, Watch
 
-__all__ = ["Executor", "HookSet", "RunControl", "ToolRunner"]
+__all__ = ["Executor", "HookSet", "RunControl", "ToolRunner", "watch_loop"]
 
 log = logging.getLogger("threepass.execute")
 
@@ -69,17 +78,42 @@ class RunControl:
 
     blocked: dict[int, HookBlocked] = attrs.field(factory=dict)
     interrupted: dict[int, DispatchInterrupted] = attrs.field(factory=dict)
+    keyboard: dict[int, KeyboardInterrupt] = attrs.field(factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.blocked or self.interrupted)
+        return bool(self.blocked or self.interrupted or self.keyboard)
 
     def first(self) -> BaseException | None:
-        """A hook block wins over an interrupt; among equals, the earliest call."""
+        """A tool's KeyboardInterrupt wins (whoever raised it wants the program to stop), then
+        a hook block, then an interrupt; among equals, the earliest call. (Cancellation
+        wins over all of them: it propagates out of pass 2 itself.)"""
+        if self.keyboard:
+            return self.keyboard[min(self.keyboard)]
         if self.blocked:
             return self.blocked[min(self.blocked)]
         if self.interrupted:
             return self.interrupted[min(self.interrupted)]
         return None
+
+
+def _propagates(exc: BaseException) -> bool:
+    """Cancellation, or a group holding one, is the caller's: never a call's result."""
+    cancelled = anyio.get_cancelled_exc_class()
+    if isinstance(exc, cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(cancelled) is not None
+    return False
+
+
+def _keyboard_in(group: BaseExceptionGroup[BaseException]) -> KeyboardInterrupt | None:
+    """The first KeyboardInterrupt in a group the tool raised (its own task group's)."""
+    for exc in group.exceptions:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        if isinstance(exc, BaseExceptionGroup) and (found := _keyboard_in(exc)) is not None:
+            return found
+    return None
 
 
 def _call_to_show(planned: PlannedCall) -> ToolCall:
@@ -164,6 +198,7 @@ class Executor:
         make_context: Callable[[PlannedCall], ToolContext],
         max_output_bytes: int,
         runner: ToolRunner | None = None,
+        watch: Watch | None = None,
     ) -> None:
         self._limiter = limiter
         # the dispatcher's limiter bounds sync calls too: the thread pool's own bound must
@@ -181,6 +216,9 @@ class Executor:
         self.started: set[int] = set()  # calls whose handler (or, in replay, runner) was started
         self.control = RunControl()
         self._nested = False
+        self._watch = watch if watch is not None else Watch(None, DEFAULT_BLOCK_THRESHOLD)
+        self._holding = self._watch.holding
+        self._blocking = self._watch.blocking
 
     def _timeout_of(self, planned: PlannedCall) -> float:
         tool = planned.tool
@@ -194,14 +232,21 @@ class Executor:
         # be waiting for too.
         holder = _RUNNING_ON.get()
         self._nested = holder is not None and holder.limiter is self._limiter
-        async with holder.lock() if holder is not None and self._nested else contextlib.nullcontext():
-            for group in plan.groups:
-                if len(group) == 1 or self._nested:
-                    await self._worker(collections.deque(calls[i] for i in group), _Slot(watched=False))
-                else:
-                    await self._run_group([calls[i] for i in group])
-                if self.control:
-                    return  # later groups do not start
+        blocking = self._blocking
+        if blocking is not None:
+            blocking.enter()
+        try:
+            async with holder.lock() if holder is not None and self._nested else contextlib.nullcontext():
+                for group in plan.groups:
+                    if len(group) == 1 or self._nested:
+                        await self._worker(collections.deque(calls[i] for i in group), _Slot(watched=False))
+                    else:
+                        await self._run_group([calls[i] for i in group])
+                    if self.control:
+                        return  # later groups do not start
+        finally:
+            if blocking is not None:
+                blocking.exit()
 
     async def _run_group(self, group: list[PlannedCall]) -> None:
         crew = _Crew(
@@ -352,6 +397,9 @@ class Executor:
         except DispatchInterrupted as exc:
             self.control.interrupted[index] = exc
             return
+        except KeyboardInterrupt as exc:  # the tool's own: its siblings finish, then it propagates
+            self.control.keyboard[index] = exc
+            return
         if hooks.after:
             await self._finish(planned, result, ctx, call)
         else:
@@ -393,36 +441,40 @@ class Executor:
             borrower = object()
             try:
                 limiter.acquire_on_behalf_of_nowait(borrower)
-            except anyio.WouldBlock:
-                await limiter.acquire_on_behalf_of(borrower)
+            except self._p.would_block:  # the loop's own limiter raises the loop's own WouldBlock
+                waited = await self._queue(planned, borrower, timeout)
+                if waited is not None:
+                    return waited
         # a sync call's slot is given back by its thread (it may outlive a timeout)
-        release = borrower is not None and (self._runner is not None or tool.is_async)
+        release = borrower is not None and (self._runner is not None or tool.is_async or tool.in_process)
         self.started.add(planned.index)
         started = time.time()
         t0 = time.monotonic()
+        holding = self._holding
+        if borrower is not None:
+            holding[borrower] = (planned, t0, timeout)
         try:
             if slot.watched:
-                slot.running, slot.ctx, slot.started, slot.t0, slot.timeout = (
-                    planned,
-                    ctx,
-                    started,
-                    t0,
-                    timeout,
-                )
-                slot.deadline = self._now() + timeout
-                value = await self._start(planned, ctx, args, borrower)
+                slot.running, slot.ctx, slot.started, slot.t0 = planned, ctx, started, t0
+                slot.timeout, slot.deadline = timeout, self._now() + timeout
+                value = await self._start(planned, ctx, args, borrower, timeout)
                 slot.idle()
             else:
                 with self._p.move_on_after(timeout) as scope:
-                    value = await self._start(planned, ctx, args, borrower)
+                    value = await self._start(planned, ctx, args, borrower, timeout)
                 if scope.cancelled_caught:
                     return self._timed_out(planned, timeout, started, t0)
+            duration = time.monotonic() - t0
+            if duration > timeout and tool.is_async:
+                # it held the loop (or swallowed its cancellation) past its timeout: what it
+                # returned came too late to count (a nested sync call is not cut short at its
+                # timeout, being on its caller's slot, and is reported as it ends)
+                return self._timed_out(planned, timeout, started, t0)
             if isinstance(value, ToolResult) and self._runner is not None:
                 if value.call_id == planned.call_id and value.name == planned.name:
                     return value
                 return attrs.evolve(value, call_id=planned.call_id, name=planned.name)
             content = normalize_output(value, self._max_out)
-            duration = time.monotonic() - t0
             return ToolResult(
                 planned.call_id, planned.name, Status.ok, content, started=started, duration=duration
             )
@@ -454,12 +506,59 @@ class Executor:
                 duration=time.monotonic() - t0,
                 limit=self._max_out,
             )
+        except BaseException as exc:
+            if _propagates(exc):
+                raise  # the worker reports a timeout from what the slot says is running
+            slot.idle()
+            if isinstance(exc, KeyboardInterrupt):
+                raise  # run control: `_run_call` collects it
+            if isinstance(exc, BaseExceptionGroup) and (keyboard := _keyboard_in(exc)) is not None:
+                raise keyboard from exc
+            # GeneratorExit and the like, raised by the tool's own code: its failure alone
+            return failure_result(
+                planned.call_id,
+                planned.name,
+                Status.failed,
+                describe(exc),
+                effect_uncertain=writes,
+                started=started,
+                duration=time.monotonic() - t0,
+                limit=self._max_out,
+            )
         finally:
-            if release:
+            if release:  # what Watch.release does, inline: this is every async call
+                del holding[borrower]
                 limiter.release_on_behalf_of(borrower)
 
+    async def _queue(self, planned: PlannedCall, borrower: object, call_timeout: float) -> ToolResult | None:
+        """Wait for a slot, at most the queue limit (default: the call's timeout). None: got
+        one; else the call's `timed_out`, naming who held the slots."""
+        wait = self._watch.queue_limit
+        if wait is None:
+            wait = call_timeout
+        began = time.time()
+        with self._p.move_on_after(wait) as scope:
+            await self._limiter.acquire_on_behalf_of(borrower)
+        if not scope.cancelled_caught:
+            return None
+        holders = self._watch.holders() or "nobody (the limit is full of nested calls)"
+        return failure_result(
+            planned.call_id,
+            planned.name,
+            Status.timed_out,
+            f"waited {wait:g} s for a slot held by: {holders}",
+            started=began,
+            duration=wait,
+            limit=self._max_out,
+        )
+
     def _start(
-        self, planned: PlannedCall, ctx: ToolContext, args: Mapping[str, Any], borrower: object | None
+        self,
+        planned: PlannedCall,
+        ctx: ToolContext,
+        args: Mapping[str, Any],
+        borrower: object | None,
+        timeout: float,
     ) -> Awaitable[Any]:
         """What to await for the handler's return value (or, in replay, the runner's recorded
         result). Not itself a coroutine: an async handler's own coroutine is awaited directly."""
@@ -470,7 +569,27 @@ class Executor:
         if tool.is_async:
             awaitable: Awaitable[Any] = tool.tool.handler(args, ctx)
             return awaitable
+        if tool.in_process:
+            return self._in_process(tool.tool.handler, args, ctx, timeout)
         return self._in_thread(tool.tool.handler, args, ctx, borrower, _Abandonable())
+
+    async def _in_process(
+        self, handler: Callable[..., Any], args: Mapping[str, Any], ctx: ToolContext, call_timeout: float
+    ) -> Any:
+        """Run a sync handler in a worker process, killed if this call is cancelled (its
+        timeout): the slot is this call's and is given back as it unwinds."""
+        pool = self._watch.pool
+        if pool is None:
+            if self._watch.closed:
+                raise RuntimeError("this Dispatcher was shut down: it starts no worker processes")
+            pool = self._watch.pool = ProcessPool()
+        worker = pool.take()
+        if worker is None:
+            worker = await anyio.to_thread.run_sync(pool.start, limiter=self._thread_limiter)
+        snapshot = ProcessContext(
+            ctx.call_id, ctx.tool_name, ctx.session_id, ctx.run_id, ctx.round, call_timeout
+        )
+        return await pool.run(worker, handler, args, snapshot, _backend.wait_readable)
 
     async def _in_thread(
         self,
@@ -484,6 +603,7 @@ class Executor:
         call is reported at once, but the thread keeps its limiter slot until it returns.
         `borrower` None: the slot is a calling handler's, not this call's to give back."""
         limiter = self._limiter
+        watch = self._watch
         token = anyio.lowlevel.current_token()
 
         def job() -> Any:
@@ -496,7 +616,7 @@ class Executor:
                 if give_back and borrower is not None:
                     # if the loop is gone, its limiter went with it
                     with contextlib.suppress(anyio.RunFinishedError, RuntimeError):
-                        anyio.from_thread.run_sync(limiter.release_on_behalf_of, borrower, token=token)
+                        anyio.from_thread.run_sync(watch.release, limiter, borrower, token=token)
 
         try:
             # A call on a slot of its own is reported at its timeout and the thread gives the
@@ -510,11 +630,14 @@ class Executor:
             with state.lock:
                 state.abandoned = not state.finished
                 give_back_now = not state.abandoned
-            if give_back_now and borrower is not None:
-                limiter.release_on_behalf_of(borrower)
+            if borrower is not None:
+                if give_back_now:
+                    watch.release(limiter, borrower)
+                else:
+                    watch.stuck(borrower)
             raise
         if borrower is not None:
-            limiter.release_on_behalf_of(borrower)
+            watch.release(limiter, borrower)
         return value
 
 
@@ -532,7 +655,41 @@ class _Holder:
         return self._lock
 
 
+_INVOKE = Executor._invoke.__code__
+"""What `_culprit` looks for on the loop thread's stack."""
+
 _RUNNING_ON: contextvars.ContextVar[_Holder | None] = contextvars.ContextVar(
     "threepass_running_on", default=None
 )
 """The slot the current task's handler holds, if any (see `Executor.run`)."""
+
+
+def _culprit(frame: FrameType | None) -> tuple[PlannedCall, float] | None:
+    """The call whose `_invoke` is on the loop thread's stack (the innermost: a nested
+    dispatch runs inside its caller's handler) and when it started (time.monotonic), sampled
+    while the loop is held; read from another thread, so it only reads."""
+    while frame is not None:
+        if frame.f_code is _INVOKE:
+            found = frame.f_locals
+            planned, t0 = found.get("planned"), found.get("t0")
+            if isinstance(planned, PlannedCall) and isinstance(t0, float):
+                return planned, t0
+            return None
+        frame = frame.f_back
+    return None
+
+
+def _report_block(watch: Watch, planned: PlannedCall, seconds: float) -> None:
+    if watch.last_block is planned:
+        return  # once a call (its next stall, if any, is the same story)
+    watch.last_block = planned
+    watch.blocked(planned, seconds)
+
+
+def watch_loop(watch: Watch) -> None:
+    """Bind `watch` to the running loop: its block watch."""
+
+    def report(planned: PlannedCall, seconds: float) -> None:
+        _report_block(watch, planned, seconds)
+
+    watch.blocking = _backend.BlockWatch(watch.block_threshold, _culprit, report)

@@ -12,7 +12,7 @@ import logging
 import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import jsonschema
@@ -20,8 +20,12 @@ import xxhash
 
 from ._exceptions import ToolDefinitionError, UnknownTool
 from ._policy import CachePolicy
+from ._process import why_not_importable
 
-__all__ = ["Registry", "RegisteredTool", "Tool", "Handler", "ResourceFn", "ArgsPredicate", "strict_problem"]
+__all__ = [
+    "Registry", "RegisteredTool", "Tool", "Handler", "ResourceFn", "ArgsPredicate", "Isolation",
+    "strict_problem",
+]  # fmt: skip
 
 log = logging.getLogger("threepass.registry")
 
@@ -31,6 +35,9 @@ ResourceFn = Callable[[Mapping[str, Any]], Any]
 """`(args) -> set[str]` of resource keys, sync or async."""
 ArgsPredicate = Callable[[Mapping[str, Any]], Any]
 """`(args) -> bool`, sync or async."""
+Isolation = Literal["thread", "process"]
+"""Where a sync handler runs: a worker thread (reported at its timeout, but it runs on and
+keeps its slot until it returns) or a worker process (killed at its timeout)."""
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 _EMPTY_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
@@ -51,6 +58,12 @@ class Tool:
     "unknown effects on files". `timeout` is seconds (None: the dispatcher's).
     `strict=True` asks the providers to hold the model to the schema (OpenAI's strict
     mode); it is granted only to a schema strict mode can take (`strict_problem`).
+
+    `isolation="process"` runs a sync handler in a worker process, killed (and its slot
+    freed) at its timeout. The handler must be importable (a module-level function, not a
+    lambda or closure), its arguments and result picklable, and its `ctx` is a
+    `ProcessContext` snapshot (call_id, tool_name, session_id, run_id, round, timeout):
+    session state, history and `invoke` stay in the host. None: the registry's default.
     """
 
     name: str
@@ -65,6 +78,7 @@ class Tool:
     reads: ResourceFn | None = None
     writes: ResourceFn | None = None
     strict: bool = False
+    isolation: Isolation | None = None
 
     def schema(self) -> dict[str, Any]:
         """Name, description and parameters, provider-neutral."""
@@ -89,6 +103,8 @@ class RegisteredTool:
     """Has a result-cache policy and no `force` parameter of its own: `force` is ours."""
     plain: bool = False
     """No reads, writes or cache policy and a fixed `concurrent`: no seam to evaluate."""
+    in_process: bool = False
+    """A sync handler run in a worker process (`isolation="process"`, its own or the registry's)."""
 
     @property
     def name(self) -> str:
@@ -193,8 +209,9 @@ def strict_problem(schema: Mapping[str, Any]) -> str | None:
     return walk(schema, "$", 1)
 
 
-def register_check(tool: Tool) -> RegisteredTool:
-    """Check `tool` and compile its validator; raise ToolDefinitionError naming the fault."""
+def register_check(tool: Tool, isolation: Isolation = "thread") -> RegisteredTool:
+    """Check `tool` and compile its validator; raise ToolDefinitionError naming the fault.
+    `isolation` is the registry's default, for a tool that names none."""
     if not isinstance(tool, Tool):
         raise ToolDefinitionError(f"expected a Tool, got {tool!r}")
     if not isinstance(tool.name, str) or not _NAME.fullmatch(tool.name):
@@ -231,6 +248,8 @@ def register_check(tool: Tool) -> RegisteredTool:
         raise ToolDefinitionError(f"tool {tool.name!r}: timeout must be positive, got {tool.timeout!r}")
     if tool.strict and (problem := strict_problem(schema)) is not None:
         log.warning("tool %r asks for strict mode, which its schema cannot take: %s", tool.name, problem)
+    is_async = _is_async_callable(tool.handler)
+    in_process = _in_process(tool, isolation, is_async)
     defaults = _top_level_defaults(schema)
     validator = jsonschema.Draft202012Validator(schema, format_checker=None)
     if defaults and (bad := _defaults_off_schema(validator, schema, defaults)):
@@ -246,27 +265,59 @@ def register_check(tool: Tool) -> RegisteredTool:
         validator=validator,
         defaults=defaults,
         defaults_mutable=any(isinstance(v, dict | list) for v in defaults.values()),
-        is_async=_is_async_callable(tool.handler),
+        is_async=is_async,
         schema_json=schema_json,
         takes_force=tool.cache is not None and "force" not in (schema.get("properties") or {}),
         plain=tool.reads is None
         and tool.writes is None
         and tool.cache is None
         and isinstance(tool.concurrent, bool),
+        in_process=in_process,
     )
+
+
+def _in_process(tool: Tool, default: Isolation, is_async: bool) -> bool:
+    """Whether `tool` runs in a worker process; a tool that asks and cannot is refused. An
+    async handler runs on the loop whatever the registry's default (it has no thread to
+    leave behind); asking for a process by name for one is an error."""
+    if tool.isolation not in (None, "thread", "process"):
+        raise ToolDefinitionError(
+            f"tool {tool.name!r}: isolation is 'thread', 'process' or None, got {tool.isolation!r}"
+        )
+    isolation = tool.isolation or default
+    if isolation != "process":
+        return False
+    if is_async:
+        if tool.isolation is None:
+            return False
+        raise ToolDefinitionError(
+            f"tool {tool.name!r}: isolation='process' runs sync handlers; {tool.handler!r} is async"
+        )
+    why = why_not_importable(tool.handler)
+    if why is not None:
+        asked = "asks for" if tool.isolation else "gets the registry's default"
+        raise ToolDefinitionError(f"tool {tool.name!r} {asked} isolation='process', but its handler: {why}")
+    return True
 
 
 class Registry:
     """The tools a dispatcher can run, by name, in registration order."""
 
-    def __init__(self, tools: list[Tool] | None = None) -> None:
+    def __init__(self, tools: list[Tool] | None = None, *, isolation: Isolation = "thread") -> None:
+        """`isolation` is where the sync handlers of tools that name none run: "process" puts
+        every such tool in worker processes, and registration refuses any that cannot go
+        (a lambda, a closure). It is the registry's, not the dispatcher's, so that the check
+        happens where tools are defined, once, as each is added."""
+        if isolation not in ("thread", "process"):
+            raise ValueError(f"isolation is 'thread' or 'process', got {isolation!r}")
+        self.isolation: Isolation = isolation
         self._tools: dict[str, RegisteredTool] = {}
         for tool in tools or ():
             self.add(tool)
 
     def add(self, tool: Tool, *, replace: bool = False) -> Tool:
         """Register `tool`. A second tool of the same name is an error unless `replace`."""
-        registered = register_check(tool)
+        registered = register_check(tool, self.isolation)
         if tool.name in self._tools and not replace:
             raise ToolDefinitionError(f"a tool named {tool.name!r} is already registered")
         self._tools[tool.name] = registered

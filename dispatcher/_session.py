@@ -389,6 +389,7 @@ class Session:
             make_context=self._planned_context,
             max_output_bytes=d.max_output_bytes,
             runner=runner,
+            watch=d.watch,
         )
         want_events = bool(self._subscribers or d.on_result is not None)
         escaped = ""  # what ended pass 2 early (an outcome of BatchEvent), if anything did

@@ -1,0 +1,241 @@
+"""Worker processes for `Tool(isolation="process")`: a sync handler that may never return
+runs in a process of its own, which is killed (SIGKILL) at the call's timeout, so its
+limiter slot is free at once instead of held by a thread nobody can stop.
+
+A pool per Dispatcher, started on the first such call. Workers come from the
+"forkserver" start method (a fresh server, forked per worker: no copy of the host's
+threads or locks) and are kept between calls; a worker that was killed or died is
+replaced by a new one on the next call. What crosses the boundary is pickled: the
+handler by reference (module and qualified name, which registration checks), the
+arguments, the result, and a `ProcessContext` in place of the ToolContext.
+
+A worker starts in a thread (the first one also starts the forkserver, a few hundred
+milliseconds); that time counts toward the first call's timeout. Waiting for a reply is
+`_backend.wait_readable` on the pipe, so nothing here imports trio or asyncio; it needs
+a loop that can watch a file descriptor (POSIX: not asyncio's Proactor loop on Windows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import pickle
+import signal
+import sys
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from ._exceptions import ToolError
+
+__all__ = ["ProcessContext", "ProcessPool", "why_not_importable"]
+
+
+@attrs.frozen
+class ProcessContext:
+    """What a handler run with `isolation="process"` receives as `ctx`: a picklable snapshot
+    of the call (the session's state, history and `invoke` live in the host process and
+    cannot cross). `timeout` is the call's, in seconds."""
+
+    call_id: str
+    tool_name: str
+    session_id: str
+    run_id: int
+    round: int
+    timeout: float
+
+
+def why_not_importable(fn: Callable[..., Any]) -> str | None:
+    """Why a worker process could not get `fn` by pickling it, or None if it can."""
+    if isinstance(fn, types.FunctionType):
+        qualname = fn.__qualname__
+        if "<lambda>" in qualname:
+            return "a lambda cannot be imported by a worker process; define a module-level function"
+        if "<locals>" in qualname:
+            return (
+                f"{qualname} is defined inside a function, so a worker process cannot import it; "
+                "define it at module level"
+            )
+        if fn.__module__ == "__main__":
+            return (
+                f"{qualname} is defined in __main__, which a worker process does not import; "
+                "define it in a module"
+            )
+        found: Any = sys.modules.get(fn.__module__)
+        for part in qualname.split("."):
+            found = getattr(found, part, None)
+        if found is not fn:
+            return f"{fn.__module__}.{qualname} does not name it, so a worker process cannot import it"
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:
+        return f"it cannot be pickled for a worker process: {exc}"
+    return None
+
+
+def _serve(conn: multiprocessing.connection.Connection) -> None:
+    """A worker's loop: one (handler, args, ctx) in, one reply out, until the pipe closes."""
+    # a Ctrl-C at the terminal reaches the whole process group: the host decides, not us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from ._results import describe
+
+    while True:
+        try:
+            handler, args, ctx = conn.recv()
+        except EOFError:
+            return
+        except Exception as exc:
+            conn.send(("raised", f"the arguments could not be read in the worker process: {describe(exc)}"))
+            continue
+        reply: tuple[Any, ...]
+        try:
+            reply = ("ok", handler(args, ctx))
+        except ToolError as exc:
+            reply = ("tool_error", exc.message, exc.retryable)
+        except KeyboardInterrupt:
+            reply = ("keyboard",)
+        except BaseException as exc:  # everything a handler raises is its failure
+            reply = ("raised", describe(exc))
+        try:
+            conn.send(reply)
+        except Exception as exc:
+            conn.send(("raised", f"the result could not be sent back from the worker: {describe(exc)}"))
+
+
+@attrs.define(eq=False)
+class _Worker:
+    process: Any  # multiprocessing's Process of the forkserver context
+    conn: multiprocessing.connection.Connection
+
+
+class ProcessPool:
+    """Idle workers kept for the next call; busy ones are the calls' own until they answer."""
+
+    def __init__(self) -> None:
+        methods = multiprocessing.get_all_start_methods()
+        self._mp: Any = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        if "forkserver" in methods:
+            # the server imports the kernel once; each worker is a fork of it
+            self._mp.set_forkserver_preload(["dispatcher._process"])
+        self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()
+        self._dying: list[Any] = []
+        self._closed = False
+
+    def alive(self) -> int:
+        return len(self._idle) + len(self._busy)
+
+    def take(self) -> _Worker | None:
+        """An idle worker, or None (start one with `start`, in a thread: it waits for a fork)."""
+        self._reap()
+        if self._closed:
+            raise RuntimeError("this Dispatcher was shut down: its worker processes are gone")
+        while self._idle:
+            worker = self._idle.pop()
+            if worker.process.is_alive():
+                return worker
+            self._dying.append(worker.process)
+        return None
+
+    def start(self) -> _Worker:
+        """A new worker (called in a thread; it touches none of the pool's bookkeeping)."""
+        here, there = self._mp.Pipe()
+        process = self._mp.Process(target=_serve, args=(there,), daemon=True, name="threepass-worker")
+        process.start()
+        there.close()
+        return _Worker(process, here)
+
+    async def run(
+        self,
+        worker: _Worker,
+        handler: Callable[..., Any],
+        args: Mapping[str, Any],
+        ctx: ProcessContext,
+        wait_readable: Callable[[int], Any],
+    ) -> Any:
+        """Run one call on `worker`: its return value, or a ToolError saying what the handler
+        raised (a KeyboardInterrupt is raised as itself).
+        Cancelled (the timeout) or dead, the worker is killed; answered, it goes back idle."""
+        answered = False
+        self._busy.add(worker)
+        try:
+            if self._closed:
+                raise RuntimeError("this Dispatcher was shut down: its worker processes are gone")
+            try:
+                worker.conn.send((handler, dict(args), ctx))
+            except (pickle.PicklingError, TypeError, AttributeError) as exc:
+                answered = True  # nothing was written: the worker is still waiting, unharmed
+                raise ToolError(f"the arguments cannot be sent to a worker process: {exc}") from None
+            await wait_readable(worker.conn.fileno())
+            try:
+                reply = worker.conn.recv()
+            except (EOFError, OSError):
+                code = _exit_code(worker.process)
+                raise ToolError(
+                    f"the worker process running {ctx.tool_name} ended without answering ({code})"
+                ) from None
+            answered = True
+        finally:
+            self._busy.discard(worker)
+            if answered and not self._closed:
+                self._idle.append(worker)
+            else:
+                self._kill(worker)
+        kind = reply[0]
+        if kind == "ok":
+            return reply[1]
+        if kind == "tool_error":
+            raise ToolError(reply[1], retryable=reply[2])
+        if kind == "keyboard":
+            raise KeyboardInterrupt
+        raise ToolError(reply[1])  # the worker's `describe` of what the handler raised
+
+    def _kill(self, worker: _Worker) -> None:
+        with contextlib.suppress(Exception):
+            worker.process.kill()
+        with contextlib.suppress(Exception):
+            worker.conn.close()
+        self._dying.append(worker.process)
+
+    def _reap(self) -> None:
+        """Collect the workers that were killed (without waiting for any)."""
+        if not self._dying:
+            return
+        still = []
+        for process in self._dying:
+            if process.is_alive():
+                still.append(process)
+            else:
+                with contextlib.suppress(Exception):
+                    process.close()
+        self._dying = still
+
+    def shutdown(self) -> None:
+        """Kill every worker, idle or busy; the pool refuses new calls from now on. A busy
+        worker's pipe is left to its call, which sees it end and fails."""
+        self._closed = True
+        for worker in self._busy:
+            with contextlib.suppress(Exception):
+                worker.process.kill()
+        for worker in self._idle:
+            self._kill(worker)
+        self._idle.clear()
+        for process in self._dying:
+            with contextlib.suppress(Exception):
+                process.join(1)
+        self._dying = []
+        self._reap()
+
+
+def _exit_code(process: Any) -> str:
+    process.join(1)
+    code = process.exitcode
+    if code is None:
+        return "still running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
