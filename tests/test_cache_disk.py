@@ -14,7 +14,6 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,8 @@ from cache import (
     resources_overlap,
 )
 from dispatcher import Dispatcher
+
+from ._http import serving
 
 REPO = Path(cache.__file__).resolve().parents[1]
 LOGGER = "threepass.cache"
@@ -785,6 +786,8 @@ def test_set_many_writes_a_batch_in_one_transaction(disk: DiskResultCache) -> No
     assert con.total_changes > before
     assert sum(1 for sql in commits if sql.strip().upper().startswith("COMMIT")) == 1
     assert len(disk.get_many_sync([f"k{i}" for i in range(50)])) == 50
+
+
 # --- permissions --------------------------------------------------------------------------------
 
 
@@ -826,33 +829,10 @@ def test_an_existing_folder_keeps_its_mode(folder: Path, clock: FakeClock) -> No
 # --- credentials never reach the disk -----------------------------------------------------------
 
 
-class _EchoHandler(BaseHTTPRequestHandler):
-    """Answers every request with its request line and headers: a server that echoes secrets."""
-
-    def do_GET(self) -> None:
-        body = f"{self.requestline}\n{self.headers}".encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def echo_server() -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _EchoHandler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
+    with serving() as host:
+        yield host
 
 
 SECRET = "s3cr3t-Value-9f2c"

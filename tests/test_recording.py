@@ -5,9 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-import threading
 from collections.abc import Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ from dispatcher._credentials import redact
 from dispatcher._recording import Recorder, line_hash
 
 from ._fakes import Counter, call, fake_registry, openai_call
+from ._http import serving
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -341,32 +340,12 @@ def test_a_recording_is_created_readable_by_its_owner_only(tmp_path: Path) -> No
     assert [r.get("n") for r in _records(path)] == [None, 1, 2]
 
 
-class _EchoHandler(BaseHTTPRequestHandler):
-    """Answers with the request line and headers it received: a server that echoes secrets."""
-
-    def do_GET(self) -> None:
-        body = f"{self.requestline}\n{self.headers}".encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 async def test_http_request_to_an_echoing_server_records_no_secret(tmp_path: Path) -> None:
     """The real http_request, a server that echoes every header: the recording holds none of the secrets."""
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _EchoHandler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
     ws = tmp_path / "ws"
     ws.mkdir()
     path = tmp_path / "web.jsonl"
-    try:
-        host = f"127.0.0.1:{httpd.server_address[1]}"
+    with serving() as host:
         d = Dispatcher(default_registry(ws, include=["web"], allow_private_network=True))
         s = d.session("web", record=path)
         args = {
@@ -378,10 +357,6 @@ async def test_http_request_to_an_echoing_server_records_no_secret(tmp_path: Pat
             # user info goes out as Basic authentication, which the server echoes as base64
             url = f"http://me:{SECRETS['password']}@{host}/p"
             page = await d.invoke("fetch_page", {"url": url}, session=s)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
     basic = base64.b64encode(f"me:{SECRETS['password']}".encode()).decode()
     echoed = [SECRETS["header"], SECRETS["bearer"], SECRETS["query"], basic]
     assert request.ok and page.ok
