@@ -25,8 +25,8 @@ from ._exceptions import DispatchInterrupted, HookBlocked
 from ._execute import Executor, ToolRunner, _maybe_await
 from ._history import DEFAULT_HISTORY_LIMIT, History
 from ._messages import tool_calls_of
-from ._plan import FIND_TOOLS, RUN_TOOL, Draft, Plan, PlannedCall, Planner, PlannerState
-from ._providers import tool_entry, tool_messages
+from ._plan import Draft, Plan, PlannedCall, Planner, PlannerState
+from ._providers import core_names, request_tools, tool_index, tool_messages
 from ._registry import Tool
 from ._results import describe, shown
 from ._rewrite import rewrite
@@ -160,38 +160,23 @@ class Session:
 
     def core_names(self) -> list[str]:
         """The tools whose full schemas go in every request of mode `deferred`."""
-        names = [FIND_TOOLS, RUN_TOOL]
-        names += [t.name for t in self.dispatcher.registry if not t.deferred and t.name not in names]
-        names += [n for n in self._extra_core if n in self.dispatcher.registry and n not in names]
-        return names
+        return core_names(self.dispatcher.registry, self._extra_core)
 
     def tool_index(self) -> str:
         """The one-line index of the tools not in the request (mode `deferred`)."""
-        core = set(self.core_names())
-        others = [t.name for t in self.dispatcher.registry if t.name not in core]
-        if not others:
-            return ""
-        return f"More tools (fetch a schema with {FIND_TOOLS}, call with {RUN_TOOL}): " + ", ".join(others)
+        return tool_index(self.dispatcher.registry, self._extra_core)
 
     def request_tools(self, provider: Provider = "openai") -> list[dict[str, Any]]:
         """The tools array for the next request to `provider`."""
         d = self.dispatcher
-        core = d.core_registry
-        entries: list[dict[str, Any]] = []
-        if self.mode == "deferred":
-            for name in self.core_names():
-                tool = core.get(name) if name in core else d.registry.get(name)
-                description = tool.description
-                if name == RUN_TOOL and (index := self.tool_index()):
-                    description = f"{description} {index}"
-                entries.append(tool_entry(tool, provider, description=description))
-            return entries
-        entries.append(tool_entry(core.get(FIND_TOOLS), provider))
-        for tool in d.registry:
-            if tool.name in (FIND_TOOLS, RUN_TOOL):
-                continue
-            entries.append(tool_entry(tool, provider, stub=tool.deferred and not self.is_loaded(tool.name)))
-        return entries
+        return request_tools(
+            d.registry,
+            d.core_registry,
+            provider,
+            mode=self.mode,
+            extra_core=self._extra_core,
+            is_loaded=self.is_loaded,
+        )
 
     def tool_messages(
         self, results: Iterable[ToolResult], provider: Provider = "openai"
