@@ -33,7 +33,7 @@ import anyio
 import anyio.from_thread
 import attrs
 import pytest
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
@@ -459,17 +459,31 @@ class CallSpec:
     decision: str | None  # given up front: "allow", "deny", "answer"
 
 
-paths = st.sampled_from(PATHS)
-texts = st.sampled_from(("x", "y"))
-tool_calls = st.one_of(
-    st.builds(lambda p: ("read", {"path": p}), paths),
-    st.just(("read_dir", {})),
-    st.builds(lambda p, f: ("peek", {"path": p, "force": True} if f else {"path": p}), paths, st.booleans()),
-    st.builds(lambda p, t: ("write", {"path": p, "text": t}), paths, texts),
-    st.builds(lambda p, t: ("gated_write", {"path": p, "text": t}), paths, texts),
-    st.builds(lambda p: ("spoil", {"path": p}), paths),
-    st.just(("boom", {})),
-    st.builds(lambda q: ("ask", {"q": q}), st.sampled_from(("go?", "stop?"))),
+KINDS = (
+    ("read",) * 3
+    + ("peek",) * 4
+    + ("read_dir", "write", "write", "gated_write", "spoil", "boom", "ask", "ask")
+)
+
+
+def _tool_call(kind: str, path: str, text: str, force: bool) -> tuple[str, dict[str, Any]]:
+    if kind in ("read", "spoil"):
+        return kind, {"path": path}
+    if kind == "peek":
+        return kind, {"path": path, "force": True} if force else {"path": path}
+    if kind in ("write", "gated_write"):
+        return kind, {"path": path, "text": text}
+    if kind == "ask":
+        return kind, {"q": "go?" if text == "x" else "stop?"}
+    return kind, {}
+
+
+tool_calls = st.builds(
+    _tool_call,
+    st.sampled_from(KINDS),
+    st.sampled_from(PATHS),
+    st.sampled_from(("x", "y")),
+    st.sampled_from((False,) * 4 + (True,)),
 )
 call_specs = st.builds(
     lambda tc, repeat, decision: CallSpec(tc[0], tc[1], repeat, decision),
@@ -501,7 +515,8 @@ class KernelMachine(RuleBasedStateMachine):
         }
         self.live = {name: dispatchers[d].session(name) for name, d in self.variant.sessions.items()}
         self.model = Reference(self.variant.sessions)
-        self.pending: dict[str, tuple[list[ToolCall], dict[str, Decision], tuple[str, ...]]] = {}
+        self.last: dict[str, tuple[list[ToolCall], dict[str, Decision], tuple[str, ...]]] = {}
+        """Each session's last batch, its decisions, and the calls it is waiting on, if any."""
         self._ids: Iterator[int] = itertools.count(1)
 
     def teardown(self) -> None:
@@ -545,26 +560,33 @@ class KernelMachine(RuleBasedStateMachine):
         prediction = self.model.dispatch(name, calls, decisions)
         got, ran = self._run(name, calls, decisions)
         check(f"session {name}", calls, decisions, prediction, got, ran)
-        if prediction.results is None:
-            self.pending[name] = (calls, decisions, prediction.pending)
-        else:
-            self.pending.pop(name, None)
+        _tell(prediction)
+        self.last[name] = (calls, decisions, prediction.pending)
 
     # -- rules ------------------------------------------------------------------------------
 
     @rule(data=st.data(), specs=batches)
     def dispatch(self, data: st.DataObject, specs: list[CallSpec]) -> None:
-        """A new batch on one of the sessions, with some decisions given up front."""
+        """A new batch on one of the sessions, with some decisions given up front; a session
+        waiting on an interrupted batch is mostly resumed instead (a model rarely abandons one)."""
         name = data.draw(st.sampled_from(sorted(self.live)), label="session")
+        if name in self._waiting() and data.draw(st.booleans(), label="resume instead"):
+            self._resume(name, data)
+            return
         calls, decisions = self._batch(specs)
         self._dispatch(name, calls, decisions)
 
-    @precondition(lambda self: bool(self.pending))
+    def _waiting(self) -> list[str]:
+        return sorted(name for name, (_, _, pending) in self.last.items() if pending)
+
+    @precondition(lambda self: bool(self._waiting()))
     @rule(data=st.data())
     def resume(self, data: st.DataObject) -> None:
         """An interrupted batch dispatched again, with decisions for (some of) its pending calls."""
-        name = data.draw(st.sampled_from(sorted(self.pending)), label="session")
-        calls, decisions, pending = self.pending[name]
+        self._resume(data.draw(st.sampled_from(self._waiting()), label="session"), data)
+
+    def _resume(self, name: str, data: st.DataObject) -> None:
+        calls, decisions, pending = self.last[name]
         decisions = dict(decisions)
         by_id = {c.id: c for c in calls}
         for call_id in pending:
@@ -572,6 +594,15 @@ class KernelMachine(RuleBasedStateMachine):
             choice = data.draw(st.sampled_from(choices), label=f"decision for {call_id}")
             if choice is not None:
                 decisions[call_id] = _decision(choice)
+        self._dispatch(name, calls, decisions)
+
+    @precondition(lambda self: bool(self.last))
+    @rule(data=st.data())
+    def dispatch_again(self, data: st.DataObject) -> None:
+        """A session's last batch sent again as it was, decisions and all (a retried request,
+        or a resume with nothing new to say)."""
+        name = data.draw(st.sampled_from(sorted(self.last)), label="session")
+        calls, decisions, _ = self.last[name]
         self._dispatch(name, calls, decisions)
 
     @rule(data=st.data())
@@ -582,7 +613,7 @@ class KernelMachine(RuleBasedStateMachine):
         self.model.new_run(name)
 
     @precondition(lambda self: self.variant.races)
-    @rule(reader_first=st.booleans(), path=paths, text=texts)
+    @rule(reader_first=st.booleans(), path=st.sampled_from(PATHS), text=st.sampled_from(("x", "y")))
     def race(self, reader_first: bool, path: str, text: str) -> None:
         """A forced peek in one session of dispatcher 1 takes its snapshot, a write of the same
         file in the other session commits, then the peek returns."""
@@ -611,8 +642,8 @@ class KernelMachine(RuleBasedStateMachine):
             got_read,
             [c for c in ran if c == peek.id],
         )
-        self.pending.pop(reader, None)
-        self.pending.pop(writer, None)
+        self.last.pop(reader, None)
+        self.last.pop(writer, None)
 
 
 async def race_read_and_write(
@@ -636,6 +667,17 @@ async def race_read_and_write(
     finally:
         world.hold = world.held = None
     return out["read"], out["write"]
+
+
+def _tell(prediction: Prediction) -> None:
+    """What kinds of batch the machine reached (`--hypothesis-show-statistics`)."""
+    if prediction.results is None:
+        event("interrupted by a tool" if prediction.executed else "interrupted by the gate")
+        return
+    event("completed")
+    for outcome in prediction.results:
+        served = "deduped" if outcome.deduped else "cached" if outcome.cached else "as decided or ran"
+        event(f"a call {outcome.status.value}, {served}")
 
 
 def _decision(kind: str) -> Decision:
