@@ -12,7 +12,8 @@ The promises checked, batch by batch:
 - nothing stale served: after a write, no session of the same dispatcher is served an
   earlier read of it, by dedupe or by the shared result cache;
 - exactly once across a resume: a batch cut short by a tool raising `DispatchInterrupted`
-  keeps what finished, and dispatching it again serves those calls and runs only the rest.
+  (or `HookBlocked`) keeps what finished, and dispatching it again serves those calls and
+  runs only the rest.
 
 The reference is serial: pass 2 runs concurrent calls together, but the barriers make the
 outcome that of running them in call order, so that is what the model computes. What ran
@@ -45,6 +46,7 @@ from dispatcher import (
     Deny,
     Dispatcher,
     DispatchInterrupted,
+    HookBlocked,
     Interrupt,
     Registry,
     Session,
@@ -107,7 +109,8 @@ PATH_PROP = {"type": "string", "enum": list(PATHS)}
 
 def build_registry(world: World) -> Registry:
     """read, read_dir, peek (shared cache), write, gated_write (confirm), spoil (writes, then
-    fails), boom (fails) and ask (interrupts the batch from inside) over `world`."""
+    fails), boom (fails), ask and block (interrupt or block the batch from inside; each runs
+    alone) over `world`."""
 
     def ran(ctx: ToolContext) -> None:
         world.log.append((ctx.call_id, ctx.tool_name))
@@ -156,6 +159,10 @@ def build_registry(world: World) -> Registry:
         call = ToolCall(ctx.call_id, "ask", dict(args))
         raise DispatchInterrupted([(call, "ask", {"q": args["q"]})])
 
+    async def block(args: Mapping[str, Any], ctx: ToolContext) -> str:
+        ran(ctx)
+        raise HookBlocked("not now", call_id=ctx.call_id)
+
     def reads_path(args: Mapping[str, Any]) -> set[str]:
         return {file_key(args["path"])}
 
@@ -176,6 +183,7 @@ def build_registry(world: World) -> Registry:
             Tool("spoil", "Write, then fail.", spoil, path_only, **writer),
             Tool("boom", "Fail.", boom, _schema(), **on_path),
             Tool("ask", "Ask a human.", ask, _schema(q={"type": "string"}), deferred=False),
+            Tool("block", "Stop the batch.", block, _schema(), deferred=False),
         ]
     )  # fmt: skip
 
@@ -202,12 +210,14 @@ class Outcome:
 
 @attrs.frozen
 class Prediction:
-    """A batch's expected end: its results, or (None) the interrupt naming `pending`; and
-    the call ids whose tool must execute."""
+    """A batch's expected end: its results, or (None) the interrupt naming `pending` (with
+    `blocked`, the HookBlocked of the one call in `pending`); and the call ids whose tool
+    must execute."""
 
     results: tuple[Outcome, ...] | None
     pending: tuple[str, ...]
     executed: tuple[str, ...]
+    blocked: bool = False
 
 
 @attrs.frozen
@@ -382,7 +392,7 @@ class Reference:
         for i, step in enumerate(steps):
             if isinstance(step, _Run) and cut is None:
                 executed.append(calls[i].id)
-                if calls[i].name == "ask":
+                if calls[i].name in ("ask", "block"):
                     cut = calls[i].id
                 else:
                     outcomes[i] = self._execute(calls[i])
@@ -418,7 +428,8 @@ class Reference:
                 outcome = outcomes[i]
                 if outcome is not None and (isinstance(steps[i], _Run) or i in carried):
                     s.finished[call.id] = (key_of(call.name, args_of(call)), outcome)
-            return Prediction(None, (cut,), tuple(executed))
+            blocked = calls[[c.id for c in calls].index(cut)].name == "block"
+            return Prediction(None, (cut,), tuple(executed), blocked=blocked)
         for i in carried:
             s.finished.pop(calls[i].id, None)
         done = tuple(o for o in outcomes if o is not None)
@@ -462,7 +473,7 @@ class CallSpec:
 KINDS = (
     ("read",) * 3
     + ("peek",) * 4
-    + ("read_dir", "write", "write", "gated_write", "spoil", "boom", "ask", "ask")
+    + ("read_dir", "write", "write", "gated_write", "spoil", "boom", "ask", "ask", "block")
 )
 
 
@@ -493,7 +504,7 @@ call_specs = st.builds(
 )
 batches = st.lists(call_specs, min_size=1, max_size=5)
 
-Got = list[ToolResult] | DispatchInterrupted
+Got = list[ToolResult] | DispatchInterrupted | HookBlocked
 
 
 class KernelMachine(RuleBasedStateMachine):
@@ -550,7 +561,7 @@ class KernelMachine(RuleBasedStateMachine):
             with anyio.fail_after(10):
                 try:
                     return await session.dispatch(calls, decisions=dict(decisions) or None)
-                except DispatchInterrupted as exc:
+                except (DispatchInterrupted, HookBlocked) as exc:
                     return exc
 
         got = self.portal.call(go)
@@ -590,7 +601,8 @@ class KernelMachine(RuleBasedStateMachine):
         decisions = dict(decisions)
         by_id = {c.id: c for c in calls}
         for call_id in pending:
-            choices = ("answer", "deny", None) if by_id[call_id].name == "ask" else ("allow", "deny", None)
+            asks = by_id[call_id].name in ("ask", "block")
+            choices = ("answer", "deny", None) if asks else ("allow", "deny", None)
             choice = data.draw(st.sampled_from(choices), label=f"decision for {call_id}")
             if choice is not None:
                 decisions[call_id] = _decision(choice)
@@ -672,7 +684,10 @@ async def race_read_and_write(
 def _tell(prediction: Prediction) -> None:
     """What kinds of batch the machine reached (`--hypothesis-show-statistics`)."""
     if prediction.results is None:
-        event("interrupted by a tool" if prediction.executed else "interrupted by the gate")
+        if prediction.blocked:
+            event("blocked by a tool")
+        else:
+            event("interrupted by a tool" if prediction.executed else "interrupted by the gate")
         return
     event("completed")
     for outcome in prediction.results:
@@ -701,17 +716,15 @@ def check(
     problems: list[str] = []
     if Counter(ran) != Counter(prediction.executed):
         problems.append(f"executed {ran}, expected {list(prediction.executed)}")
-    if prediction.results is None:
-        if not isinstance(got, DispatchInterrupted):
-            problems.append(
-                f"returned {[_brief(r) for r in got]}, expected an interrupt on {prediction.pending}"
-            )
-        elif tuple(c.id for c, _, _ in got.pending) != prediction.pending:
-            problems.append(
-                f"interrupted on {[c.id for c, _, _ in got.pending]}, expected {prediction.pending}"
-            )
-    elif isinstance(got, DispatchInterrupted):
-        problems.append(f"interrupted on {[c.id for c, _, _ in got.pending]}, expected results")
+    if prediction.results is not None:
+        expected_end: tuple[str, tuple[str, ...]] = ("completed", ())
+    else:
+        expected_end = ("blocked" if prediction.blocked else "interrupted", prediction.pending)
+    end = _end(got)
+    if end != expected_end:
+        problems.append(f"{end[0]} {list(end[1])}, expected {expected_end[0]} {list(expected_end[1])}")
+    elif prediction.results is None or not isinstance(got, list):
+        pass
     elif [r.call_id for r in got] != [c.id for c in calls]:
         problems.append(f"result ids {[r.call_id for r in got]}, expected {[c.id for c in calls]}")
     else:
@@ -724,8 +737,13 @@ def check(
         )
 
 
-def _brief(r: ToolResult) -> str:
-    return f"{r.call_id}:{r.status.value}:{r.content[:60]!r}"
+def _end(got: Got) -> tuple[str, tuple[str, ...]]:
+    """How a dispatch ended, and the calls it ended on."""
+    if isinstance(got, DispatchInterrupted):
+        return "interrupted", tuple(c.id for c, _, _ in got.pending)
+    if isinstance(got, HookBlocked):
+        return "blocked", (str(got.call_id),)
+    return "completed", ()
 
 
 def _compare(call: ToolCall, got: ToolResult, expected: Outcome) -> list[str]:
