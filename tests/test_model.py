@@ -774,7 +774,7 @@ def _compare(call: ToolCall, got: ToolResult, expected: Outcome) -> list[str]:
 # -- the machine, run ------------------------------------------------------------------------
 
 MACHINE_SETTINGS = settings(
-    max_examples=60,
+    max_examples=100,
     stateful_step_count=25,
     deadline=None,
     print_blob=True,
@@ -783,9 +783,10 @@ MACHINE_SETTINGS = settings(
 
 
 def run_machine(variant: Variant, backend: str, request: pytest.FixtureRequest, gaps: Sequence[str]) -> None:
-    """Run the machine; while a known gap of the kernel (a minimal case below) is open, the
-    machine is expected to find it: it is marked xfail, and it stops at the first failure
-    instead of shrinking it."""
+    """Run the machine. While a known gap of the kernel is open (its minimal case below, a
+    strict xfail, still fails), the machine nearly always finds it: it is marked xfail, not
+    strictly (an example that misses the gap is no news), and it stops at the first failure
+    instead of shrinking it. Once the gap is closed the machine runs as a plain test."""
     machine = type(
         f"KernelMachine_{variant.name}_{backend}", (KernelMachine,), {"variant": variant, "backend": backend}
     )
@@ -793,7 +794,7 @@ def run_machine(variant: Variant, backend: str, request: pytest.FixtureRequest, 
     chosen = MACHINE_SETTINGS
     if open_gaps:
         reasons = "; ".join(GAP_REASONS[gap] for gap in open_gaps)
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"finds the known gap: {reasons}"))
+        request.applymarker(pytest.mark.xfail(strict=False, reason=f"finds the known gap: {reasons}"))
         chosen = settings(MACHINE_SETTINGS, phases=(Phase.explicit, Phase.reuse, Phase.generate))
     run_state_machine_as_test(machine, settings=chosen)
 
