@@ -432,8 +432,10 @@ class DiskResultCache:
         """Keep `content` under `key` for `ttl` seconds, remembering what it read."""
         await self.set_many([CacheWrite(key, content, ttl, frozenset(reads))])
 
-    async def set_many(self, writes: Sequence[CacheWrite], *, since: int | None = None) -> None:
-        await anyio.to_thread.run_sync(lambda: self.set_many_sync(writes, since=since))
+    async def set_many(
+        self, writes: Sequence[CacheWrite], *, since: int | None = None, invalidate: Iterable[str] = ()
+    ) -> None:
+        await anyio.to_thread.run_sync(lambda: self.set_many_sync(writes, since=since, invalidate=invalidate))
 
     async def epoch(self) -> int:
         return await anyio.to_thread.run_sync(self.epoch_sync)
@@ -517,23 +519,33 @@ class DiskResultCache:
     def set_sync(self, key: str, content: str, *, ttl: float, reads: Iterable[str] = ()) -> None:
         self.set_many_sync([CacheWrite(key, content, ttl, frozenset(reads))])
 
-    def set_many_sync(self, writes: Sequence[CacheWrite], *, since: int | None = None) -> None:
-        """Every write in one transaction (one commit, not one per entry), except one whose
-        reads an invalidation after epoch `since` moved (from this or another process)."""
+    def set_many_sync(
+        self, writes: Sequence[CacheWrite], *, since: int | None = None, invalidate: Iterable[str] = ()
+    ) -> None:
+        """One transaction for a batch: the writes whose reads an invalidation after epoch
+        `since` moved (from this or another process) are refused; then `invalidate` drops
+        what the batch's own writes changed and moves the epoch; then the rest are kept."""
         store = self._store
+        written = list(invalidate)
         live = [w for w in writes if w.ttl > 0]  # an entry born expired could serve nothing
-        if store is None or not live:
+        if store is None or not (live or written):
             return
         now = self._clock()
         kept = 0
+        dropped, files = 0, list[str]()
         try:
             with store.transact():
                 con = _connection(store)
                 forgotten = since is not None and since < _value(con, _FORGOTTEN)
+                fresh = []
                 for w in live:
                     if since is not None and (forgotten or _moved_since(con, w.reads, since)):
                         self._counters.raced += 1
-                        continue
+                    else:
+                        fresh.append(w)
+                if written:
+                    dropped, files = self._move(con, written)
+                for w in fresh:
                     value = _encode(w.content, w.reads, now, now + w.ttl)
                     sweep_after = w.ttl + _SWEEP_GRACE if math.isfinite(w.ttl) else None
                     con.execute(_FORGET_READS, (w.key,))
@@ -542,10 +554,13 @@ class DiskResultCache:
                     # while storing it, the trigger takes its rows along.
                     store.set(w.key, value, expire=sweep_after)
                     kept += 1
+            for name in files:  # only once the rows are gone for good
+                store.disk.remove(name)
         except _STORE_FAILURES as exc:
             self._disable("write to", exc)
             return
         self._counters.writes += kept
+        self._counters.invalidations += dropped
 
     def moved_since_sync(self, epoch: int) -> frozenset[str] | None:
         store = self._store
@@ -576,20 +591,10 @@ class DiskResultCache:
         written = list(resources)
         if store is None or not written:
             return 0
-        wall_now = time.time()
         try:
             con = _connection(store)
             with store.transact():
-                # the epoch moves on for every write, cached entries or none: a read that
-                # is running now must not store what it read before this write
-                con.execute(_BUMP)
-                epoch = _value(con, _EPOCH)
-                con.executemany(_MOVE, [(_index_form(r), epoch, wall_now) for r in written])
-                if epoch % 64 == 0:
-                    self._forget_old_moves(con, wall_now)
-                dropped, files = (
-                    _drop_overlapping(con, written) if _anything_overlaps(con, written) else (0, [])
-                )
+                dropped, files = self._move(con, written)
             for name in files:  # only once the rows are gone for good
                 store.disk.remove(name)
         except _STORE_FAILURES as exc:
@@ -597,6 +602,18 @@ class DiskResultCache:
             return 0
         self._counters.invalidations += dropped
         return dropped
+
+    def _move(self, con: sqlite3.Connection, written: list[str]) -> tuple[int, list[str]]:
+        """In the caller's transaction: move the epoch on for every write, cached entries or
+        none (a read running now must not store what it read before this write), note what
+        it moved, drop the entries that read it; how many went, and their value files."""
+        wall_now = time.time()
+        con.execute(_BUMP)
+        epoch = _value(con, _EPOCH)
+        con.executemany(_MOVE, [(_index_form(r), epoch, wall_now) for r in written])
+        if epoch % 64 == 0:
+            self._forget_old_moves(con, wall_now)
+        return _drop_overlapping(con, written) if _anything_overlaps(con, written) else (0, [])
 
     @staticmethod
     def _forget_old_moves(con: sqlite3.Connection, wall_now: float) -> None:

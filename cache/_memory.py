@@ -38,8 +38,10 @@ class MemoryResultCache:
         """Keep `content` under `key` for `ttl` seconds."""
         self.set_sync(key, content, ttl=ttl, reads=reads)
 
-    async def set_many(self, writes: Sequence[CacheWrite], *, since: int | None = None) -> None:
-        self.set_many_sync(writes, since=since)
+    async def set_many(
+        self, writes: Sequence[CacheWrite], *, since: int | None = None, invalidate: Iterable[str] = ()
+    ) -> None:
+        self.set_many_sync(writes, since=since, invalidate=invalidate)
 
     async def invalidate(self, resources: Iterable[str]) -> int:
         return self.invalidate_sync(resources)
@@ -85,14 +87,16 @@ class MemoryResultCache:
     def set_sync(self, key: str, content: str, *, ttl: float, reads: Iterable[str] = ()) -> None:
         self.set_many_sync([CacheWrite(key, content, ttl, frozenset(reads))])
 
-    def set_many_sync(self, writes: Sequence[CacheWrite], *, since: int | None = None) -> None:
+    def set_many_sync(
+        self, writes: Sequence[CacheWrite], *, since: int | None = None, invalidate: Iterable[str] = ()
+    ) -> None:
         now = self._clock()
         moved = [r for r, at in self._moved.items() if at > since] if since is not None else []
         forgotten = since is not None and since < self._forgotten  # what moved since is unknown
-        for w in writes:
-            if forgotten or (moved and resources_overlap(w.reads, moved)):
-                self._counters.raced += 1
-                continue
+        fresh = [w for w in writes if not (forgotten or (moved and resources_overlap(w.reads, moved)))]
+        self._counters.raced += len(writes) - len(fresh)
+        self.invalidate_sync(invalidate)  # the batch's own writes: after the check, before the keep
+        for w in fresh:
             if w.key not in self._entries and len(self._entries) >= self._max_entries:
                 # dicts keep insertion order: the oldest write goes first
                 del self._entries[next(iter(self._entries))]

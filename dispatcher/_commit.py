@@ -136,7 +136,8 @@ def commit(
     consumed: tuple[str, ...] = ()
     if cut:
         kept = [(p, r) for p, r in history if p.index in executed or p.index in carried]
-        finished = tuple((p.call_id, FinishedCall(p.key, r)) for p, r in kept)
+        arrived = plan.arrived_keys  # a resume looks a call up by the key it arrives with
+        finished = tuple((p.call_id, FinishedCall(arrived.get(p.index, p.key), r)) for p, r in kept)
     elif carried:
         consumed = tuple(plan.calls[i].call_id for i in carried)
     return CommitEffects(

@@ -200,6 +200,7 @@ class Draft:
     approval: Allow | None = None
     spent_approval: bool = False
     duplicate: bool = False
+    arrived_key: str | None = None  # the key of the arguments as the call arrived (before a gate)
     sent: Mapping[str, Any] | None = None  # as the model sent them (less `force`): validated
     sent_json: str | None = None  # ... and as history keeps them, immune to the handler
 
@@ -270,6 +271,9 @@ class Plan:
     calls: tuple[PlannedCall, ...]
     groups: tuple[tuple[int, ...], ...]
     carried: frozenset[int] = frozenset()
+    arrived_keys: Mapping[int, str] = attrs.field(factory=dict)
+    """The calls an Allow(args) re-keyed: the key they arrived with, under which a resume of
+    the batch will look them up."""
 
 
 class _SeamFailed(Exception):
@@ -670,6 +674,8 @@ class Planner:
             )
             return False
         d.key = call_key(d.name, canonical)
+        if d.arrived_key is None:
+            d.arrived_key = d.key
         if entry.plain:
             d.concurrent = tool.concurrent is True  # a bool when plain
             return True
@@ -871,7 +877,15 @@ class Planner:
                     d.sent_json,
                 )
             )
-        return Plan(calls=tuple(calls), groups=group_calls(calls), carried=frozenset(self._carried))
+        rekeyed = {
+            d.index: d.arrived_key for d in drafts if d.arrived_key is not None and d.arrived_key != d.key
+        }
+        return Plan(
+            calls=tuple(calls),
+            groups=group_calls(calls),
+            carried=frozenset(self._carried),
+            arrived_keys=rekeyed,
+        )
 
 
 def group_calls(calls: Sequence[PlannedCall]) -> tuple[tuple[int, ...], ...]:

@@ -567,6 +567,15 @@ def _read(path: str | os.PathLike[str]) -> _Recording:
     if header_problem is not None:
         return _Recording(header, [], truncated, header_problem, ())
     chained = version == FORMAT_VERSION
+    if not chained and ("seq" in header or any("prev" in value for _, _, value in parsed[1:])):
+        # the chain's own fields give a downgraded header away: an edit, not an old file
+        return _Recording(
+            header,
+            [],
+            truncated,
+            "line 1: the header says format 1, but its records are chained (edited)",
+            (),
+        )
     warnings: tuple[str, ...] = ()
     if not chained:
         warnings = (

@@ -127,10 +127,14 @@ class ResultCache(Protocol):
         Pass 1 asks once per batch, so a store can answer in one round trip."""
         ...
 
-    async def set_many(self, writes: Sequence[CacheWrite], *, since: int | None = None) -> None:
-        """Keep every write (one transaction or round trip where the store can), except a
-        write whose reads overlap what was invalidated after epoch `since` (the epoch read
-        before those reads started): a read that raced a write is never stored."""
+    async def set_many(
+        self, writes: Sequence[CacheWrite], *, since: int | None = None, invalidate: Iterable[str] = ()
+    ) -> None:
+        """A batch's store effects, in one transaction or round trip where the store can:
+        refuse a write whose reads overlap what was invalidated after epoch `since` (the
+        epoch read before those reads started: a read that raced a write is never stored);
+        then `invalidate` as `invalidate()` does (the batch's own writes, which its reads
+        were already checked against); then keep the other writes."""
         ...
 
     async def invalidate(self, resources: Iterable[str]) -> int:

@@ -497,26 +497,20 @@ class Session:
         all_loaded: bool,
         store_since: int | None = None,
     ) -> None:
-        """The effects that leave the process: the store's invalidations, then its writes,
-        then the recording, in a worker thread. A store's fault is logged, never raised."""
+        """The effects that leave the process: the store's invalidations and writes, in one
+        call, then the recording, in a worker thread. A store's fault is logged, never raised."""
         store = self.dispatcher.cache
-        if store is not None:
-            if effects.invalidations:
-                try:
-                    await store.invalidate(effects.invalidations)
-                except Exception:
-                    log.warning(
-                        "result cache invalidation failed for %s",
-                        sorted(effects.invalidations),
-                        exc_info=True,
-                    )
-            if effects.cache_writes and store_since != -1:
-                try:
-                    await store.set_many(effects.cache_writes, since=store_since)
-                except Exception:
-                    log.warning(
-                        "result cache write failed for %d entries", len(effects.cache_writes), exc_info=True
-                    )
+        writes = effects.cache_writes if store_since != -1 else ()
+        if store is not None and (effects.invalidations or writes):
+            try:
+                await store.set_many(writes, since=store_since, invalidate=effects.invalidations)
+            except Exception:
+                log.warning(
+                    "result cache update failed (%d writes, invalidating %s)",
+                    len(writes),
+                    sorted(effects.invalidations),
+                    exc_info=True,
+                )
         recorder = self.recorder
         if recorder is not None:
             results = effects.results

@@ -933,14 +933,12 @@ GAP_REASONS = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: " + GAP_REASONS["cross_session"])
 async def test_a_write_in_one_session_drops_what_another_session_read() -> None:
     """p reads a, q of the same dispatcher writes a: p's next read of a runs and sees the write."""
     again, log = await read_after_another_sessions_write()
     assert (again.content, again.deduped, log) == ("/w/a=new@1", False, ["r1", "w1", "r2"])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: " + GAP_REASONS["epoch_dedupe"])
 async def test_a_read_that_raced_a_write_is_not_remembered() -> None:
     """p's read of a takes its snapshot before q's write of a commits and returns after it:
     it is returned as read, but p's next read of a runs and sees the write."""
@@ -948,7 +946,6 @@ async def test_a_read_that_raced_a_write_is_not_remembered() -> None:
     assert (again.content, again.deduped, log) == ("/w/a=new@1", False, ["r1", "w1", "r2"])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: " + GAP_REASONS["epoch_cache"])
 async def test_a_read_that_raced_a_write_is_not_cached() -> None:
     """p's cached read of a races q's write of a: q's next cached read of a runs and sees the
     write instead of being served p's snapshot from the shared store."""
@@ -956,7 +953,6 @@ async def test_a_read_that_raced_a_write_is_not_cached() -> None:
     assert (again.content, again.cached, log) == ("peek /w/a=new@1", False, ["r1", "w1", "r2"])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: " + GAP_REASONS["changed_allow"])
 async def test_a_write_approved_with_changed_arguments_is_served_on_resume() -> None:
     """A gated write approved with other text runs, then a later call interrupts the batch:
     resumed with the same decisions, the write is served as it finished (deduped, not run
