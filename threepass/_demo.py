@@ -128,7 +128,13 @@ def run_demo(
         interrupted = trio.run(_drive, view, runner, _messages(site))
     _report_run(view, runner, interrupted, recording)
     if timeline:
-        write_timeline(timeline, runner.outcome, view, title="threepass demo")
+        write_timeline(
+            timeline,
+            runner.outcome,
+            view,
+            title="threepass demo",
+            limit=int(runner.dispatcher.limiter.total_tokens),
+        )
     if interrupted:
         return EXIT_INTERRUPTED
     if runner.outcome.recording_problem is not None:

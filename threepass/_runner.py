@@ -219,6 +219,7 @@ class Outcome:
     served: Counter[str] = attrs.Factory(Counter)
     events: list[tuple[int, BatchEvent, list[ResultRow]]] = attrs.Factory(list)
     cut: int | None = None  # the batch a cancellation cut short
+    cut_rows: list[ResultRow] = attrs.Factory(list)
     answer: str | None = None
     recording_problem: str | None = None
 
@@ -270,6 +271,7 @@ class TranscriptRun:
         if self.session.recorder is not None and meta:
             self.session.recorder.set_meta(**meta)
         self._pending: tuple[int, list[CallRow]] | None = None
+        self._batches_in_run = 0
 
     async def _gate(self, call: ToolCall, ctx: ToolContext) -> Allow | Deny:
         a = self.answers
@@ -308,7 +310,9 @@ class TranscriptRun:
         for message in messages:
             role = message.get("role")
             if role == "user":
-                self.session.new_run()
+                if self._batches_in_run:  # the session starts in a run: the first needs none
+                    self.session.new_run()
+                self._batches_in_run = 0
                 text = message.get("content")
                 self.view.user(text if isinstance(text, str) else _text_of(message))
                 continue
@@ -316,6 +320,7 @@ class TranscriptRun:
             if role != "assistant" or not calls:
                 continue
             self.outcome.batches += 1
+            self._batches_in_run += 1
             number = self.outcome.batches
             rows = [CallRow.of(c) for c in calls]
             self._pending = (number, rows)
@@ -346,7 +351,7 @@ class TranscriptRun:
         results: Sequence[ToolResult | None],
         event: BatchEvent | None,
         note: str = "",
-    ) -> None:
+    ) -> list[ResultRow]:
         ran_calls = event.calls if event is not None and len(event.calls) == len(rows) else None
         out = []
         for i, row in enumerate(rows):
@@ -360,6 +365,7 @@ class TranscriptRun:
         if event is not None:
             self.outcome.events.append((number, event, out))
         self.view.batch_ended(number, out, event)
+        return out
 
     def finish_cut(self) -> None:
         """After a cancellation: show and count the batch that was cut, close the session,
@@ -371,7 +377,7 @@ class TranscriptRun:
             results = list(event.results) if event is not None else [None] * len(rows)
             if len(results) != len(rows):
                 results = [None] * len(rows)
-            self._finish_batch(number, rows, results, event)
+            self.outcome.cut_rows = self._finish_batch(number, rows, results, event)
             self._pending = None
         self.close()
         if self.record and self.outcome.recording_problem is None:

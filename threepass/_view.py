@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 from rich.console import Console
 from rich.live import Live
@@ -99,18 +99,31 @@ def _footer(event: BatchEvent | None) -> str:
 class _Prompting:
     """Prompts on a stream, answers from the terminal's descriptor."""
 
-    prompt_stream: TextIO
+    prompt_stream: IO[str]
+    prompt_open = False  # a prompt was written and no answer came (Ctrl-C cut it)
 
     def confirm(self, call: ToolCall) -> bool:
-        self._prompt(f"allow {call.name} {_args(call.arguments, 200)}? [y/N] ")
-        return read_line().lower() in ("y", "yes")
+        args = call.arguments if isinstance(call.arguments, Mapping) else {"arguments": call.arguments}
+        self._prompt(f"allow {call.name} {_args(args, 200)}? [y/N] ")
+        answer = read_line()
+        self.prompt_open = False
+        return answer.lower() in ("y", "yes")
 
     def ask(self, question: str, options: Sequence[str]) -> str:
         choices = f" [{' / '.join(options)}]" if options else ""
         self._prompt(f"{question}{choices}\n> ")
-        return read_line()
+        answer = read_line()
+        self.prompt_open = False
+        return answer
+
+    def _close_prompt(self) -> None:
+        if self.prompt_open:
+            self.prompt_open = False
+            self.prompt_stream.write("\n")
+            self.prompt_stream.flush()
 
     def _prompt(self, text: str) -> None:
+        self.prompt_open = True
         self.prompt_stream.write(text)
         self.prompt_stream.flush()
 
@@ -124,7 +137,8 @@ class PlainView(_Prompting):
         self.width = width
         self._notes: dict[str, list[str]] = {}
 
-    def message(self, kind: str, line: str, **data: Any) -> None:
+    def message(self, kind: str, line: str, /, **data: Any) -> None:
+        self._close_prompt()
         self.out.write(line + "\n")
         self.out.flush()
 
@@ -145,6 +159,7 @@ class PlainView(_Prompting):
         self._notes.setdefault(call_id, []).append(text)
 
     def batch_ended(self, number: int, rows: Sequence[ResultRow], event: BatchEvent | None) -> None:
+        self._close_prompt()
         if not rows:
             return
         idw = max(len(r.call_id) for r in rows)
@@ -173,12 +188,13 @@ class JsonView(_Prompting):
         self._lock = threading.Lock()
 
     def emit(self, event: str, **data: Any) -> None:
+        self._close_prompt()
         line = json.dumps({"event": event, **data}, ensure_ascii=False, default=str)
         with self._lock:
             self.out.write(line + "\n")
             self.out.flush()
 
-    def message(self, kind: str, line: str, **data: Any) -> None:
+    def message(self, kind: str, line: str, /, **data: Any) -> None:
         self.emit(kind, **data)
 
     def user(self, text: str) -> None:
@@ -241,7 +257,8 @@ class RichView(_Prompting):
         self._notes: dict[str, list[str]] = {}
         self._number = 0
 
-    def message(self, kind: str, line: str, *, style: str = "", **data: Any) -> None:
+    def message(self, kind: str, line: str, /, *, style: str = "", **data: Any) -> None:
+        self._close_prompt()
         self.console.print(Text(line, style=style or _MESSAGE_STYLE.get(kind, "")))
 
     def user(self, text: str) -> None:
@@ -286,6 +303,7 @@ class RichView(_Prompting):
 
     def _prompt(self, text: str) -> None:
         with self._lock:
+            self.prompt_open = True
             self._stop_live()
             self.console.print(Text(text, style="bold yellow"), end="")
             self.console.file.flush()
@@ -298,6 +316,7 @@ class RichView(_Prompting):
 
     def batch_ended(self, number: int, rows: Sequence[ResultRow], event: BatchEvent | None) -> None:
         with self._lock:
+            self._close_prompt()
             self._stop_live()
             self.console.print(self._table(rows))
             footer = Text("  " + _footer(event), style="dim")
@@ -306,12 +325,16 @@ class RichView(_Prompting):
             self.console.print(footer)
 
     def _table(self, rows: Sequence[ResultRow] | None) -> Table:
-        table = Table(box=None, show_header=False, padding=(0, 1), pad_edge=False, expand=False)
-        table.add_column("id", style="dim", no_wrap=True)
-        table.add_column("tool", style="bold", no_wrap=True, overflow="ellipsis", max_width=28)
-        table.add_column("status", no_wrap=True)
-        table.add_column("served", no_wrap=True)
-        table.add_column("time", justify="right", no_wrap=True)
+        # Every column but the result keeps its width; the result takes what is left, cut
+        # with an ellipsis, so that a long result never squeezes a name.
+        idw = max((len(c.call_id) for c in self._rows), default=2)
+        nw = min(28, max((len(c.name) for c in self._rows), default=4))
+        table = Table(box=None, show_header=False, padding=(0, 1), pad_edge=False, expand=True)
+        table.add_column("id", style="dim", no_wrap=True, min_width=idw)
+        table.add_column("tool", style="bold", no_wrap=True, overflow="ellipsis", min_width=nw, max_width=28)
+        table.add_column("status", no_wrap=True, min_width=9)
+        table.add_column("served", no_wrap=True, min_width=9)
+        table.add_column("time", justify="right", no_wrap=True, min_width=6)
         table.add_column("result", no_wrap=True, overflow="ellipsis", ratio=1)
         if rows is not None:
             for r in rows:

@@ -40,7 +40,7 @@ from rich.text import Text
 
 from builtin_tools import default_registry
 from cache import DiskResultCache
-from dispatcher import Dispatcher, ReplayReport, replay
+from dispatcher import Dispatcher, ReplayReport, default_limit, replay
 from dispatcher._recording import read_recording
 
 from . import __version__
@@ -174,11 +174,9 @@ def _report_run(view: View, runner: TranscriptRun, interrupted: bool, record: st
     if interrupted:
         cut = outcome.cut
         where = f"in batch {cut}" if cut is not None else "between batches"
-        finished = sum(1 for _, _, rows in outcome.events[-1:] for r in rows if r.result is not None)
-        cancelled = sum(1 for _, _, rows in outcome.events[-1:] for r in rows if r.result is None)
-        detail = (
-            f" ({finished} finished, {cancelled} cancelled)" if cut is not None and outcome.events else ""
-        )
+        finished = sum(1 for r in outcome.cut_rows if r.result is not None)
+        cancelled = len(outcome.cut_rows) - finished
+        detail = f" ({finished} finished, {cancelled} cancelled)" if cut is not None else ""
         view.message(
             "interrupted",
             f"interrupted {where}{detail}: what finished is committed" + (" and recorded" if record else ""),
@@ -194,7 +192,8 @@ def _report_run(view: View, runner: TranscriptRun, interrupted: bool, record: st
 
 
 def _answers(args: argparse.Namespace) -> Answers:
-    interactive = os.isatty(0) and not getattr(args, "json_stdin", False)
+    # sys.stdin, not descriptor 0: a host that swaps stdin out (a test runner) is no terminal
+    interactive = sys.stdin is not None and sys.stdin.isatty()
     return Answers(assume=args.yes, texts=list(args.answer or []), interactive=interactive)
 
 
@@ -237,7 +236,13 @@ def _cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     interrupted = trio.run(_drive, view, runner, messages)
     _report_run(view, runner, interrupted, args.record)
     if args.timeline:
-        _write_timeline(args.timeline, runner.outcome, view, title=f"threepass run {args.transcript}")
+        _write_timeline(
+            args.timeline,
+            runner.outcome,
+            view,
+            title=f"threepass run {args.transcript}",
+            limit=int(runner.dispatcher.limiter.total_tokens),
+        )
     if runner.outcome.recording_problem is not None:
         err.write(
             f"threepass: recording to {args.record} stopped early: {runner.outcome.recording_problem}\n"
@@ -251,11 +256,11 @@ def _cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-def _write_timeline(path: str, outcome: Outcome, view: View, title: str) -> None:
+def _write_timeline(path: str, outcome: Outcome, view: View, title: str, limit: int | None = None) -> None:
     from ._timeline import write_timeline
 
     try:
-        write_timeline(path, outcome.events, title=title)
+        write_timeline(path, outcome.events, title=title, limit=limit or default_limit())
     except ImportError as exc:
         raise _Error(f"--timeline needs plotly: pip install 'threepass[timeline]' ({exc})") from exc
     view.message("timeline", f"timeline: {path}", path=path)
