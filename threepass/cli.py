@@ -484,16 +484,21 @@ def _bench_harness() -> Any:
 
 
 def markdown_table(lines: Sequence[str]) -> Table:
-    """A Markdown table (header, rule, rows) as a rich table that wraps to the terminal."""
+    """A Markdown table (header, rule, one row per system) turned on its side for the
+    terminal: a column per system, a row per figure, so that it fits where the Markdown
+    (kept for RESULTS.md) is far too wide."""
 
     def cells(line: str) -> list[str]:
         return [c.strip() for c in line.strip().strip("|").split("|")]
 
+    headers = cells(lines[0])
+    rows = [cells(line) for line in lines[2:]]
     table = Table(header_style="bold", show_lines=False, expand=False)
-    for name in cells(lines[0]):
-        table.add_column(name, overflow="fold")
-    for line in lines[2:]:
-        table.add_row(*cells(line))
+    table.add_column(headers[0] if headers else "", style="bold", overflow="fold")
+    for row in rows:
+        table.add_column(row[0] if row else "", overflow="fold")
+    for j, header in enumerate(headers[1:], 1):
+        table.add_row(header, *(row[j] if j < len(row) else "" for row in rows))
     return table
 
 
