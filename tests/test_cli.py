@@ -94,7 +94,9 @@ def test_run_plain_output_is_the_golden_one(tmp_path: Path) -> None:
 def test_run_works_in_a_copy_and_says_where(tmp_path: Path) -> None:
     """The workspace copy is named on the first line and the original is untouched."""
     before = (WORKSPACE / "src" / "inventory.py").read_text()
-    code, out, _ = run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--no-cache", "--answer", "yes")
+    code, out, _ = run_cli(
+        "run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--no-cache", "--answer", "yes"
+    )
     first = out.splitlines()[0]
     copy = Path(first.split()[1])
     assert code == 0 and "a copy of" in first and copy.is_dir()
@@ -126,16 +128,21 @@ def test_ask_user_takes_the_answers_given_in_order(tmp_path: Path) -> None:
     code, out, _ = run_cli(
         "run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--no-cache", "--json", "--answer", "not now"
     )
-    asked = next(json.loads(line) for line in out.splitlines() if '"id": "toolu_15"' in line and "result" in line)
+    asked = next(
+        json.loads(line) for line in out.splitlines() if '"id": "toolu_15"' in line and "result" in line
+    )
     assert code == 0 and asked["content"] == "not now" and asked["status"] == "ok"
     code, out, _ = run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--no-cache", "--json")
-    asked = next(json.loads(line) for line in out.splitlines() if '"id": "toolu_15"' in line and "result" in line)
+    asked = next(
+        json.loads(line) for line in out.splitlines() if '"id": "toolu_15"' in line and "result" in line
+    )
     assert code == 0 and asked["status"] == "failed" and "--answer" in asked["content"]
 
 
 def test_the_summary_counts_each_call_once(tmp_path: Path) -> None:
     """The summary's counts add up to the calls of the transcript (ask_user included)."""
     code, out, _ = run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--no-cache", "--answer", "y")
+    assert code == 0
     summary = next(line for line in out.splitlines() if " calls in " in line)
     counts = [int(n) for n in re.findall(r"(\d+) (?:ran|deduped|cached|denied|decided)", summary)]
     assert summary.startswith("19 calls in 6 batches") and sum(counts) == 19
@@ -173,7 +180,15 @@ def test_a_recording_that_cannot_be_written_exits_1(tmp_path: Path) -> None:
     stopped, exit 1."""
     rec = tmp_path / "no-such-folder" / "session.jsonl"
     code, out, err = run_cli(
-        "run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache", "--answer", "y"
+        "run",
+        str(EXAMPLE),
+        "--workspace",
+        str(WORKSPACE),
+        "--record",
+        str(rec),
+        "--no-cache",
+        "--answer",
+        "y",
     )
     assert code == 1 and "19 calls in 6 batches" in out and "recorded to" not in out
     assert f"recording to {rec} stopped early:" in err and "No such file or directory" in err
@@ -184,7 +199,15 @@ def test_run_recording_replays_and_inspects(tmp_path: Path) -> None:
     divergence; inspect numbers its batches from 1 with the same counts (golden)."""
     rec = tmp_path / "session.jsonl"
     code, _, _ = run_cli(
-        "run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache", "--answer", "yes"
+        "run",
+        str(EXAMPLE),
+        "--workspace",
+        str(WORKSPACE),
+        "--record",
+        str(rec),
+        "--no-cache",
+        "--answer",
+        "yes",
     )
     assert code == 0
     code, out, _ = run_cli("replay", str(rec))
@@ -206,7 +229,17 @@ def test_replay_diff_shows_the_divergence(tmp_path: Path) -> None:
     """A decision edited in the last record (no later hash covers it) diverges: exit 1,
     and --diff prints the recorded and the replayed value as - and + lines."""
     rec = tmp_path / "session.jsonl"
-    run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache", "--answer", "y")
+    run_cli(
+        "run",
+        str(EXAMPLE),
+        "--workspace",
+        str(WORKSPACE),
+        "--record",
+        str(rec),
+        "--no-cache",
+        "--answer",
+        "y",
+    )
     lines = rec.read_text().splitlines()
     last = json.loads(lines[-1])
     last["plan"][1]["how"] = "denied"
@@ -232,7 +265,17 @@ def test_replay_verify_runs_the_tools_again(tmp_path: Path) -> None:
     """--verify reruns a recording's calls in a copy of the workspace: the example's match;
     a recorded result the tools no longer give is reported with its diff, exit 1."""
     rec = tmp_path / "session.jsonl"
-    run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache", "--answer", "y")
+    run_cli(
+        "run",
+        str(EXAMPLE),
+        "--workspace",
+        str(WORKSPACE),
+        "--record",
+        str(rec),
+        "--no-cache",
+        "--answer",
+        "y",
+    )
     code, out, _ = run_cli("replay", str(rec), "--verify", "--workspace", str(WORKSPACE), "--plain")
     assert code == 0, out
     assert out.splitlines()[-1] == "verified: 19 calls ran again and answered as recorded"
@@ -279,7 +322,9 @@ def test_the_bench_table_fits_the_terminal() -> None:
     from rich.console import Console
 
     header = "| system | " + " | ".join(f"a long column header number {i}" for i in range(9)) + " |"
-    rows = [f"| {name} | " + " | ".join("12.3 (1.0x)" for _ in range(9)) + " |" for name in ("threepass", "floor")]
+    rows = [
+        f"| {name} | " + " | ".join("12.3 (1.0x)" for _ in range(9)) + " |" for name in ("threepass", "floor")
+    ]
     lines = [header, "|" + "---|" * 10, *rows]
     assert len(header) > 250
     out = io.StringIO()

@@ -175,7 +175,8 @@ def inspect(path: str, batch: int | None, console: Console, *, as_json: bool = F
                 else ""
             ),
             style="bold",
-        )
+        ),
+        soft_wrap=True,
     )
     if batch is None:
         table = Table(header_style="bold", box=None, padding=(0, 2, 0, 0), pad_edge=False)
