@@ -333,3 +333,37 @@ def test_the_bench_table_fits_the_terminal() -> None:
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "threepass" in text.splitlines()[1] and "floor" in text.splitlines()[1]
     assert sum("a long column header number" in line for line in text.splitlines()) == 9
+
+
+def test_the_timeline_page_holds_every_call_in_pass_order(tmp_path: Path) -> None:
+    """`demo --timeline`: one self-contained page (plotly inlined, nothing fetched) whose
+    data has every call once, in call order, calls that ran inside pass 2 and the others in
+    pass 1, and pass 2's groups covering exactly the calls that ran."""
+    page = tmp_path / "timeline.html"
+    code, out, _ = run_cli("demo", "--timeline", str(page), "--record", str(tmp_path / "r.jsonl"))
+    assert code == 0 and f"timeline: {page}" in out
+    html = page.read_text(encoding="utf-8")
+    assert 'src="http' not in html and "Plotly.newPlot" in html and len(html) > 1_000_000
+    found = re.search(r'<script type="application/json" id="threepass-timeline">(.*?)</script>', html, re.S)
+    assert found is not None
+    batches = json.loads(found.group(1).replace("<\\/", "</"))
+    from threepass._runner import tool_calls_of
+
+    transcript = [json.loads(line) for line in EXAMPLE.read_text().splitlines()]
+    calls = [tool_calls_of(m) for m in transcript if m["role"] == "assistant"]
+    expected = [[c["id"] for c in batch] for batch in calls if batch]
+    assert [[bar["id"] for bar in b["bars"]] for b in batches] == expected
+    slack = 1.0  # ms: wall-clock starts against monotonic pass timings
+    for b in batches:
+        assert b["limit"] >= 3
+        for bar in b["bars"]:
+            if bar["served"] == "ran":
+                assert bar["phase"] == "pass 2"
+                assert b["pass1"] - slack <= bar["start"]
+                assert bar["start"] + bar["width"] <= b["pass1"] + b["pass2"] + slack
+            else:
+                assert bar["phase"] == "pass 1" and bar["start"] == 0 and bar["width"] == b["pass1"]
+        ran = [bar["id"] for bar in b["bars"] if bar["served"] == "ran"]
+        assert [i for g in b["groups"] for i in g["calls"]] == ran
+    third = {g["calls"][0]: g["calls"] for g in batches[2]["groups"]}
+    assert third == {"call_10": ["call_10"], "call_11": ["call_11"], "call_12": ["call_12"]}

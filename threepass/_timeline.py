@@ -14,10 +14,11 @@ The page also carries the data it draws as JSON (`<script id="threepass-timeline
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dispatcher import BatchEvent
+from dispatcher import BatchEvent, Tool
+from dispatcher._policy import resources_overlap
 
 from ._runner import ResultRow
 from ._view import _args, head
@@ -40,27 +41,59 @@ SERVED_PATTERN = {"ran": "", "deduped": "/", "cached": "x", "denied": "-", "deci
 Batch = tuple[int, BatchEvent, list[ResultRow]]
 
 
-def _groups(bars: Sequence[dict[str, Any]]) -> list[float]:
-    """Where each pass-2 group starts: a call that starts after every earlier call of its
-    group has ended opens the next one (groups run one after another)."""
-    starts: list[float] = []
-    end = -1.0
-    for bar in sorted((b for b in bars if b["served"] == "ran"), key=lambda b: b["index"]):
-        if bar["start"] >= end - 0.05:  # 50 µs of slack for the clocks' rounding
-            starts.append(bar["start"])
-            end = bar["start"] + bar["width"]
-        else:
-            end = max(end, bar["start"] + bar["width"])
-    return starts
+def _seam(fn: Any, args: Mapping[str, Any]) -> Any:
+    try:
+        return fn(args)
+    except Exception:  # a seam that cannot answer: the kernel treats it as touching nothing
+        return None
 
 
-def timeline_data(batches: Sequence[Batch], limit: int | None = None) -> list[dict[str, Any]]:
+def pass2_groups(tools: Mapping[str, Tool], rows: Sequence[ResultRow]) -> list[list[int]]:
+    """The groups pass 2 ran the batch's calls in, by the kernel's rule (dispatcher's
+    `group_calls`) over the tools' own tags: consecutive concurrent calls together, any
+    other call alone, a clash of what they read and write starting a new group. Only calls
+    that were to run take part (ran, or cut off by a cancellation)."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    reads_of: list[str] = []
+    writes_of: list[str] = []
+    for r in rows:
+        if r.served not in ("ran", "cancelled"):
+            continue
+        tool = tools.get(r.name)
+        concurrent = False if tool is None else tool.concurrent
+        if callable(concurrent):
+            concurrent = bool(_seam(concurrent, r.arguments))
+        reads = set((_seam(tool.reads, r.arguments) or ()) if tool is not None and tool.reads else ())
+        writes = set((_seam(tool.writes, r.arguments) or ()) if tool is not None and tool.writes else ())
+        if not concurrent:
+            if current:
+                groups.append(current)
+                current, reads_of, writes_of = [], [], []
+            groups.append([r.index])
+            continue
+        clash = bool(writes_of) and resources_overlap(reads | writes, writes_of)
+        clash = clash or (bool(writes) and resources_overlap(writes, reads_of))
+        if clash and current:
+            groups.append(current)
+            current, reads_of, writes_of = [], [], []
+        current.append(r.index)
+        reads_of.extend(reads)
+        writes_of.extend(writes)
+    if current:
+        groups.append(current)
+    return groups
+
+
+def timeline_data(
+    batches: Sequence[Batch], limit: int | None = None, tools: Mapping[str, Tool] | None = None
+) -> list[dict[str, Any]]:
     """What the page draws, per batch: the passes (ms from the batch's start), the limit,
-    and one bar per call in call order."""
+    pass 2's groups (with `tools`, the registry by name) and one bar per call in call order."""
     out = []
     for number, event, rows in batches:
         p1, p2, p3 = event.pass1 * 1000, event.pass2 * 1000, event.pass3 * 1000
-        bars = []
+        bars: list[dict[str, Any]] = []
         for r in rows:
             res = r.result
             if r.served == "ran" and res is not None and res.started is not None:
@@ -93,7 +126,14 @@ def timeline_data(batches: Sequence[Batch], limit: int | None = None) -> list[di
                 "pass2": p2,
                 "pass3": p3,
                 "limit": limit,
-                "groups": _groups(bars),
+                "groups": [
+                    {
+                        "calls": [bars[i]["id"] for i in group],
+                        "start": min(bars[i]["start"] for i in group),
+                        "end": max(bars[i]["start"] + bars[i]["width"] for i in group),
+                    }
+                    for group in pass2_groups(tools or {}, rows)
+                ],
                 "bars": bars,
             }
         )
@@ -130,7 +170,8 @@ def timeline_figure(data: Sequence[dict[str, Any]], title: str) -> Any:
         rows=n,
         cols=1,
         subplot_titles=titles or ["no batches"],
-        vertical_spacing=min(0.08, 0.5 / n),
+        vertical_spacing=min(0.06, 0.5 / n),
+        row_heights=[2 + len(b["bars"]) for b in data] or None,
         specs=[[{"secondary_y": True}] for _ in range(n)],
     )
     legend_seen: set[str] = set()
@@ -141,19 +182,22 @@ def timeline_figure(data: Sequence[dict[str, Any]], title: str) -> Any:
         )
         total = total or 1.0
         for name, lo, hi, colour in (
-            ("pass 1", 0.0, batch["pass1"], "rgba(31,119,180,0.08)"),
-            ("pass 2", batch["pass1"], batch["pass1"] + batch["pass2"], "rgba(44,160,44,0.08)"),
-            ("pass 3", batch["pass1"] + batch["pass2"], total, "rgba(148,103,189,0.08)"),
+            ("pass 1", 0.0, batch["pass1"], "rgba(31,119,180,0.13)"),
+            ("pass 2", batch["pass1"], batch["pass1"] + batch["pass2"], "rgba(44,160,44,0.10)"),
+            ("pass 3", batch["pass1"] + batch["pass2"], total, "rgba(148,103,189,0.13)"),
         ):
             if hi > lo:
                 fig.add_vrect(
                     x0=lo, x1=hi, fillcolor=colour, line_width=0, layer="below", row=row, col=1,
+                    exclude_empty_subplots=False,
                     annotation_text=name, annotation_position="top left", annotation_font_size=10,
                 )  # fmt: skip
-        for k, at in enumerate(batch["groups"], 1):
-            fig.add_vline(
-                x=at, line_dash="dot", line_color="#2ca02c", row=row, col=1,
-                annotation_text=f"group {k}", annotation_position="bottom right", annotation_font_size=9,
+        for k, group in enumerate(batch["groups"], 1):
+            fig.add_vrect(
+                x0=group["start"], x1=max(group["end"], group["start"] + total * 0.004),
+                line={"color": "#2ca02c", "dash": "dot", "width": 1}, fillcolor="rgba(0,0,0,0)",
+                row=row, col=1, exclude_empty_subplots=False,
+                annotation_text=f"group {k}", annotation_position="bottom left", annotation_font_size=9,
             )  # fmt: skip
         for bar in bars:
             label = f"{bar['id']} {bar['name']}"
@@ -204,7 +248,15 @@ def timeline_figure(data: Sequence[dict[str, Any]], title: str) -> Any:
         top = max([batch["limit"] or 0, *ys]) + 1
         fig.update_yaxes(autorange="reversed", row=row, col=1, secondary_y=False)
         fig.update_yaxes(
-            range=[0, top], showgrid=False, title_text="running", row=row, col=1, secondary_y=True
+            range=[0, top],
+            tickmode="linear",
+            tick0=0,
+            dtick=1,
+            showgrid=False,
+            title_text="running",
+            row=row,
+            col=1,
+            secondary_y=True,
         )
         fig.update_xaxes(title_text="ms from the batch's start", row=row, col=1)
     for served, shape in SERVED_PATTERN.items():
@@ -218,7 +270,7 @@ def timeline_figure(data: Sequence[dict[str, Any]], title: str) -> Any:
     fig.update_layout(
         title=title,
         barmode="overlay",
-        height=max(360, sum(110 + 26 * len(b["bars"]) for b in data)),
+        height=max(360, sum(150 + 30 * len(b["bars"]) for b in data)),
         template="plotly_white",
         hoverlabel={"align": "left"},
         margin={"l": 200},
@@ -226,9 +278,16 @@ def timeline_figure(data: Sequence[dict[str, Any]], title: str) -> Any:
     return fig
 
 
-def write_timeline(path: str, batches: Sequence[Batch], *, title: str, limit: int | None = None) -> None:
-    """Write the page; plotly missing is an ImportError naming the extra."""
-    data = timeline_data(batches, limit)
+def write_timeline(
+    path: str,
+    batches: Sequence[Batch],
+    *,
+    title: str,
+    limit: int | None = None,
+    tools: Mapping[str, Tool] | None = None,
+) -> None:
+    """Write the page; plotly missing is an ImportError."""
+    data = timeline_data(batches, limit, tools)
     fig = timeline_figure(data, title)
     page: str = fig.to_html(include_plotlyjs=True, full_html=True)
     embedded = json.dumps(data, default=str).replace("</", "<\\/")

@@ -256,11 +256,21 @@ def _cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-def _write_timeline(path: str, outcome: Outcome, view: View, title: str, limit: int | None = None) -> None:
-    from ._timeline import write_timeline
-
+def _write_timeline(
+    path: str,
+    outcome: Outcome,
+    view: View,
+    title: str,
+    limit: int | None = None,
+    workspace: str | None = None,
+) -> None:
+    """The page of `outcome`'s batches; pass 2's groups follow the builtin tools' tags."""
     try:
-        write_timeline(path, outcome.events, title=title, limit=limit or default_limit())
+        from ._timeline import write_timeline
+
+        d = Dispatcher(default_registry(workspace or tempfile.gettempdir()))
+        tools = {t.name: t for t in [*d.core_registry, *d.registry]}
+        write_timeline(path, outcome.events, title=title, limit=limit or default_limit(), tools=tools)
     except ImportError as exc:
         raise _Error(f"--timeline needs plotly: pip install 'threepass[timeline]' ({exc})") from exc
     view.message("timeline", f"timeline: {path}", path=path)
