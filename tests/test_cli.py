@@ -68,8 +68,7 @@ def test_demo_runs_every_pass_and_its_replay_matches(demo: tuple[int, str, Path]
 
 
 def test_demo_exercises_what_the_issue_lists(demo: tuple[int, str, Path]) -> None:
-    """The demo shows a schema fetch, a deduped read, a read run again after an edit, a
-    cached fetch, a failure beside healthy calls, a scripted approval and answer."""
+    """The demo shows every pass: schema fetch, dedupe, edit, cache, failure, scripted approval and answer."""
     _, out, _ = demo
     assert "6 tool(s) loaded" in out
     assert re.search(r"call_6\s+read_files\s+ok\s+deduped", out)
@@ -81,8 +80,7 @@ def test_demo_exercises_what_the_issue_lists(demo: tuple[int, str, Path]) -> Non
 
 
 def test_run_plain_output_is_the_golden_one(tmp_path: Path) -> None:
-    """`run` without a terminal: rows per batch with served-by and a pass footer, the
-    final answer, the summary; the gated call is refused; exit 0."""
+    """`run` with no terminal prints the golden rows, footers, answer and summary, and exits 0."""
     code, out, err = run_cli(
         "run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--no-cache", "--answer", "yes", "--plain"
     )
@@ -106,8 +104,7 @@ def test_run_works_in_a_copy_and_says_where(tmp_path: Path) -> None:
 
 
 def test_json_prints_only_json_lines_one_event_each(tmp_path: Path) -> None:
-    """--json: every stdout line parses as a JSON object; each call has one result event
-    with its served_by; the last event is the summary."""
+    """--json prints only JSON Lines: one result event per call, in order, and the summary last."""
     code, out, err = run_cli(
         "run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--no-cache", "--answer", "yes", "--json"
     )
@@ -149,8 +146,7 @@ def test_the_summary_counts_each_call_once(tmp_path: Path) -> None:
 
 
 def test_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """0 completed; 1 bad input (message on stderr, nothing on stdout); 2 usage; --strict
-    makes a refused call exit 1; --version exits 0."""
+    """Exit 0 completed, 1 bad input (stderr only), 2 usage, 1 under --strict on a refusal; --version 0."""
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
     code, out, err = run_cli("run", str(bad), "--workspace", str(WORKSPACE))
@@ -176,8 +172,7 @@ def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_a_recording_that_cannot_be_written_exits_1(tmp_path: Path) -> None:
-    """--record into a missing folder: every batch still runs, stderr says the recording
-    stopped, exit 1."""
+    """A recording that cannot be written: every batch still runs, stderr says why, exit 1."""
     rec = tmp_path / "no-such-folder" / "session.jsonl"
     code, out, err = run_cli(
         "run",
@@ -195,8 +190,7 @@ def test_a_recording_that_cannot_be_written_exits_1(tmp_path: Path) -> None:
 
 
 def test_run_recording_replays_and_inspects(tmp_path: Path) -> None:
-    """The CLI's own recording of the example (ask_user included) replays with no
-    divergence; inspect numbers its batches from 1 with the same counts (golden)."""
+    """The CLI's own recording replays clean, and inspect shows its batches from 1 (golden)."""
     rec = tmp_path / "session.jsonl"
     code, _, _ = run_cli(
         "run",
@@ -226,8 +220,7 @@ def test_run_recording_replays_and_inspects(tmp_path: Path) -> None:
 
 
 def test_replay_diff_shows_the_divergence(tmp_path: Path) -> None:
-    """A decision edited in the last record (no later hash covers it) diverges: exit 1,
-    and --diff prints the recorded and the replayed value as - and + lines."""
+    """An edited decision in the last record diverges (exit 1) and --diff shows it as - and + lines."""
     rec = tmp_path / "session.jsonl"
     run_cli(
         "run",
@@ -262,8 +255,7 @@ def test_replay_of_a_tampered_recording_names_the_line(tmp_path: Path) -> None:
 
 
 def test_replay_verify_runs_the_tools_again(tmp_path: Path) -> None:
-    """--verify reruns a recording's calls in a copy of the workspace: the example's match;
-    a recorded result the tools no longer give is reported with its diff, exit 1."""
+    """--verify reruns the recorded calls: the example matches, a changed file diverges with its diff."""
     rec = tmp_path / "session.jsonl"
     run_cli(
         "run",
@@ -288,8 +280,7 @@ def test_replay_verify_runs_the_tools_again(tmp_path: Path) -> None:
 
 
 def test_tools_lists_every_tool_and_json_is_a_list(tmp_path: Path) -> None:
-    """`tools` shows the core two first and each confirm rule (golden); --json is a list of
-    objects with name, concurrent (bool or rule), confirm, deferred and cache."""
+    """`tools` lists every tool with its rules (golden); --json is a list of objects with the rule fields."""
     code, out, _ = run_cli("tools", "--workspace", str(tmp_path))
     assert code == 0
     check_golden("tools.txt", normalise(out, tmp_path))
@@ -317,8 +308,7 @@ def test_cache_stats_and_clear(tmp_path: Path) -> None:
 
 
 def test_the_bench_table_fits_the_terminal() -> None:
-    """A 250-column Markdown table is redrawn by rich within an 80-column terminal, a
-    column per system and a row per figure."""
+    """A 250-column Markdown table fits 80 columns, a column per system and a row per figure."""
     from rich.console import Console
 
     header = "| system | " + " | ".join(f"a long column header number {i}" for i in range(9)) + " |"
@@ -336,9 +326,7 @@ def test_the_bench_table_fits_the_terminal() -> None:
 
 
 def test_the_timeline_page_holds_every_call_in_pass_order(tmp_path: Path) -> None:
-    """`demo --timeline`: one self-contained page (plotly inlined, nothing fetched) whose
-    data has every call once, in call order, calls that ran inside pass 2 and the others in
-    pass 1, and pass 2's groups covering exactly the calls that ran."""
+    """The timeline page is self-contained and holds every call once, in call order, inside its pass."""
     page = tmp_path / "timeline.html"
     code, out, _ = run_cli("demo", "--timeline", str(page), "--record", str(tmp_path / "r.jsonl"))
     assert code == 0 and f"timeline: {page}" in out

@@ -77,8 +77,7 @@ def test_bench_from_the_wheel_says_where_the_benchmark_is(wheel: Path, tmp_path:
 
 @pytest.mark.slow
 def test_demo_from_a_fresh_virtualenv(wheel: Path, tmp_path: Path) -> None:
-    """`pip install` of the wheel into a new virtualenv, then `threepass demo` away from the
-    source tree: exit 0 in under 5 s, the last line says the replay matched."""
+    """Installed by pip into a fresh virtualenv, `threepass demo` exits 0 in under 5 s, replay matched."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
