@@ -39,7 +39,7 @@ from rich.table import Table
 from rich.text import Text
 
 from builtin_tools import default_registry
-from cache import DiskResultCache
+from cache import DiskResultCache, MemoryResultCache
 from dispatcher import Dispatcher, ReplayReport, default_limit, replay
 from dispatcher._recording import read_recording
 
@@ -277,10 +277,57 @@ def _write_timeline(
 
 
 def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from ._demo import run_demo
+    """The example, copied, served, run, recorded and replayed: 0 if the replay matched,
+    1 where it diverged, 130 if interrupted."""
+    from ._demo import DEMO_ANSWERS, DEMO_APPROVALS, EXAMPLES, demo_messages, serve_site
 
     view = _view(args, out)
-    return run_demo(view, record=args.record, timeline=args.timeline, write_timeline=_write_timeline)
+    folder = Path(tempfile.mkdtemp(prefix="threepass-demo-"))
+    workspace = folder / "workspace"
+    shutil.copytree(EXAMPLES / "workspace", workspace)
+    recording = args.record or str(folder / "demo.recording.jsonl")
+    Path(recording).unlink(missing_ok=True)
+    view.message(
+        "workspace",
+        f"workspace: {workspace} (a copy of the example's; it is kept, remove {folder} when done)",
+        path=str(workspace),
+    )
+    with serve_site(EXAMPLES / "site") as site:
+        view.message("site", f"site: {site} (the example site, on loopback for this demo)", url=site)
+        registry = default_registry(workspace, allow_private_network=True)
+        cache = MemoryResultCache()
+
+        def make(**kw: Any) -> Dispatcher:
+            return Dispatcher(registry, cache=cache, **kw)
+
+        answers = Answers(
+            approve=DEMO_APPROVALS, texts=list(DEMO_ANSWERS), interactive=False, source="the demo's script"
+        )
+        meta = {"workspace": str(workspace), "transcript": "demo", "private_network": "yes"}
+        runner = TranscriptRun(make, view, answers, record=recording, meta=meta)
+        interrupted = trio.run(_drive, view, runner, demo_messages(site))
+    _report_run(view, runner, interrupted, recording)
+    if args.timeline:
+        limit = int(runner.dispatcher.limiter.total_tokens)
+        _write_timeline(args.timeline, runner.outcome, view, title="threepass demo", limit=limit)
+    if interrupted:
+        return EXIT_INTERRUPTED
+    if runner.outcome.recording_problem is not None:
+        err.write(f"threepass: the recording stopped early: {runner.outcome.recording_problem}\n")
+        return EXIT_BAD
+    report = trio.run(replay_recording, recording, str(workspace))
+    if report.ok:
+        view.message(
+            "replay_ok",
+            f"replay: {report.calls} calls in {report.batches} batches matched the recording, no tool run",
+            ok=True,
+            calls=report.calls,
+            batches=report.batches,
+        )
+        return EXIT_OK
+    where = report.problem or str(report.divergence)
+    view.message("replay_diverged", f"replay diverged: {where}", ok=False, where=where)
+    return EXIT_BAD
 
 
 # --- replay and inspect -------------------------------------------------------------------
