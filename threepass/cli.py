@@ -574,17 +574,27 @@ def _bench(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
         return code
     buffer = io.StringIO()
     code = harness.main(list(argv), out=buffer)
-    console = (
-        Console(file=out, highlight=False) if not _plain(argparse.Namespace(), out) else _console(out, True)
-    )
+    console = _console(out, _plain(argparse.Namespace(), out))
     lines = buffer.getvalue().splitlines()
     table = [line for line in lines if line.startswith("|")]
     if len(table) >= 2:
         console.print(markdown_table(table))
     for line in lines:
         if not line.startswith("|") and line.strip():
-            console.print(Text(line))
+            console.print(_goal_line(line))
     return code
+
+
+def _goal_line(line: str) -> Text:
+    """A goal line of the harness: its **figure** in bold, met in green, not met in red."""
+    text = Text()
+    for i, part in enumerate(line.split("**")):
+        text.append(part, style="bold" if i % 2 else "")
+    if line.rstrip().endswith("not met"):
+        text.stylize("red", len(line.rstrip()) - len("not met") - line.count("**") * 2)
+    elif line.rstrip().endswith("met"):
+        text.stylize("green", len(text) - len("met"))
+    return text
 
 
 # --- the parser --------------------------------------------------------------------------
