@@ -209,6 +209,7 @@ def test_run_recording_replays_and_inspects(tmp_path: Path) -> None:
         "replayed 19 calls in 6 batches without running any tool",
         "no divergence",
     ]
+    check_golden("replay.txt", out)
     code, out, _ = run_cli("inspect", str(rec))
     assert code == 0
     check_golden("inspect.txt", normalise(out, tmp_path))
