@@ -82,14 +82,16 @@ def test_demo_from_a_fresh_virtualenv(wheel: Path, tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     # The wheel itself is installed by pip; its dependencies come from this environment
-    # (no index is reached): a .pth file names this environment's site-packages.
+    # (no index is reached): a .pth file names this environment's site-packages, where
+    # threepass may be installed too, hence --ignore-installed.
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, check=True, timeout=60,
     ).stdout.strip()  # fmt: skip
     Path(purelib, "deps-from-the-test-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     installed = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
+         str(wheel)],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr
