@@ -205,8 +205,8 @@ class Answers:
     assume: bool | None = None
     texts: list[str] = attrs.Factory(list)
     interactive: bool = False
-    source: str = "--answer"
-    approver: str = "the demo's script"
+    source: str = "--answer"  # who gave the texts, as the notes beside the calls say
+    approver: str = "the script"  # who gave the approvals
 
 
 @attrs.define

@@ -300,9 +300,8 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         def make(**kw: Any) -> Dispatcher:
             return Dispatcher(registry, cache=cache, **kw)
 
-        answers = Answers(
-            approve=DEMO_APPROVALS, texts=list(DEMO_ANSWERS), interactive=False, source="the demo's script"
-        )
+        script = "the demo's script"
+        answers = Answers(approve=DEMO_APPROVALS, texts=list(DEMO_ANSWERS), source=script, approver=script)
         meta = {"workspace": str(workspace), "transcript": "demo", "private_network": "yes"}
         runner = TranscriptRun(make, view, answers, record=recording, meta=meta)
         interrupted = trio.run(_drive, view, runner, demo_messages(site))
