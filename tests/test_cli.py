@@ -1,66 +1,299 @@
-"""The command line: run the shipped example, replay its recording, manage the cache."""
+"""The command line: each command's plain output (golden files), the exit codes, --json,
+ask_user, replay and inspect of the CLI's own recordings.
+
+Golden files live in tests/golden/; `THREEPASS_UPDATE_GOLDEN=1 pytest tests/test_cli.py`
+rewrites them. Durations, temporary folders and the demo site's port are normalised.
+"""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import re
+import shutil
 from pathlib import Path
 
-from threepass.cli import main
+import pytest
+
+import threepass
+from threepass.cli import main, markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "threepass" / "examples" / "transcript.jsonl"
 WORKSPACE = ROOT / "threepass" / "examples" / "workspace"
+GOLDEN = Path(__file__).resolve().parent / "golden"
 
 
-def run_cli(*argv: str) -> tuple[int, str]:
-    out = io.StringIO()
-    code = main(list(argv), out=out)
-    return code, out.getvalue()
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
 
 
-def test_run_then_replay_the_shipped_example(tmp_path: Path) -> None:
-    """The main job runs the example in a copy of the workspace, records it, and replays clean."""
+def normalise(text: str, *folders: Path) -> str:
+    for folder in folders:
+        text = text.replace(str(folder), "<tmp>")
+    text = text.replace(str(ROOT), "<repo>")
+    text = re.sub(r"/[^\s()]*?/threepass-(?:ws|demo|verify|replay)-[a-z0-9_]+", "<tmp>", text)
+    text = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", text)
+    text = re.sub(r" *\b\d+(?:\.\d+)?(?:ms|s)\b", " <t>", text)
+    return re.sub(r"command sandbox: .*", "command sandbox: <state>", text)
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("THREEPASS_UPDATE_GOLDEN"):
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    assert text == path.read_text(encoding="utf-8"), f"{name} differs; THREEPASS_UPDATE_GOLDEN=1 rewrites it"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, Path]:
+    """One `threepass demo` run, recorded into a module folder."""
+    folder = tmp_path_factory.mktemp("demo")
+    rec = folder / "demo.jsonl"
+    code, out, err = run_cli("demo", "--record", str(rec))
+    assert err == ""
+    return code, normalise(out, folder), rec
+
+
+def test_demo_runs_every_pass_and_its_replay_matches(demo: tuple[int, str, Path]) -> None:
+    """`threepass demo` exits 0, its output is the golden one, and it ends saying the replay matched."""
+    code, out, _ = demo
+    assert code == 0
+    check_golden("demo.txt", out)
+    assert out.splitlines()[-1] == "replay: 19 calls in 6 batches matched the recording, no tool run"
+
+
+def test_demo_exercises_what_the_issue_lists(demo: tuple[int, str, Path]) -> None:
+    """The demo shows every pass: schema fetch, dedupe, edit, cache, failure, scripted approval and answer."""
+    _, out, _ = demo
+    assert "6 tool(s) loaded" in out
+    assert re.search(r"call_6\s+read_files\s+ok\s+deduped", out)
+    assert re.search(r"call_11\s+read_files\s+ok\s+ran", out)  # after call_10's edit
+    assert re.search(r"call_18\s+fetch_page\s+ok\s+cached", out)
+    assert re.search(r"call_8\s+read_files\s+failed\s+ran", out)
+    assert "-> approved by the demo's script" in out
+    assert "-> answered 'yes' by the demo's script" in out
+
+
+def test_run_plain_output_is_the_golden_one(tmp_path: Path) -> None:
+    """`run` with no terminal prints the golden rows, footers, answer and summary, and exits 0."""
+    code, out, err = run_cli(
+        "run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--no-cache", "--answer", "yes", "--plain"
+    )
+    assert code == 0 and err == ""
+    check_golden("run.txt", normalise(out, tmp_path))
+    assert "answer: Yes: plums are still 1.15, as in the inventory." in out
+
+
+def test_run_works_in_a_copy_and_says_where(tmp_path: Path) -> None:
+    """The workspace copy is named on the first line and the original is untouched."""
     before = (WORKSPACE / "src" / "inventory.py").read_text()
-    rec = tmp_path / "session.jsonl"
-    code, text = run_cli(
+    code, out, _ = run_cli(
+        "run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--no-cache", "--answer", "yes"
+    )
+    first = out.splitlines()[0]
+    copy = Path(first.split()[1])
+    assert code == 0 and "a copy of" in first and copy.is_dir()
+    assert '"plum": 1.15' in (copy / "src" / "inventory.py").read_text()
+    assert (WORKSPACE / "src" / "inventory.py").read_text() == before
+    shutil.rmtree(copy.parent)
+
+
+def test_json_prints_only_json_lines_one_event_each(tmp_path: Path) -> None:
+    """--json prints only JSON Lines: one result event per call, in order, and the summary last."""
+    code, out, err = run_cli(
+        "run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--no-cache", "--answer", "yes", "--json"
+    )
+    assert code == 0 and err == ""
+    events = [json.loads(line) for line in out.splitlines()]
+    assert all(isinstance(e, dict) and "event" in e for e in events)
+    results = [e for e in events if e["event"] == "result"]
+    ids = [c["id"] for e in events if e["event"] == "batch_started" for c in e["calls"]]
+    assert [r["id"] for r in results] == ids and len(ids) == 19
+    by_id = {r["id"]: r for r in results}
+    assert by_id["call_6"]["served_by"] == "deduped" and by_id["call_16"]["status"] == "denied"
+    assert events[-1]["event"] == "summary" and events[-1]["calls"] == 19
+    assert [e["event"] for e in events].count("batch_ended") == 6
+
+
+def test_ask_user_takes_the_answers_given_in_order(tmp_path: Path) -> None:
+    """--answer is ask_user's result; with none and no terminal, the call fails saying how."""
+    code, out, _ = run_cli(
+        "run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--no-cache", "--json", "--answer", "not now"
+    )
+    asked = next(
+        json.loads(line) for line in out.splitlines() if '"id": "toolu_15"' in line and "result" in line
+    )
+    assert code == 0 and asked["content"] == "not now" and asked["status"] == "ok"
+    code, out, _ = run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--no-cache", "--json")
+    asked = next(
+        json.loads(line) for line in out.splitlines() if '"id": "toolu_15"' in line and "result" in line
+    )
+    assert code == 0 and asked["status"] == "failed" and "--answer" in asked["content"]
+
+
+def test_the_summary_counts_each_call_once(tmp_path: Path) -> None:
+    """The summary's counts add up to the calls of the transcript (ask_user included)."""
+    code, out, _ = run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--no-cache", "--answer", "y")
+    assert code == 0
+    summary = next(line for line in out.splitlines() if " calls in " in line)
+    counts = [int(n) for n in re.findall(r"(\d+) (?:ran|deduped|cached|denied|decided)", summary)]
+    assert summary.startswith("19 calls in 6 batches") and sum(counts) == 19
+
+
+def test_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 0 completed, 1 bad input (stderr only), 2 usage, 1 under --strict on a refusal; --version 0."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    code, out, err = run_cli("run", str(bad), "--workspace", str(WORKSPACE))
+    assert (code, out) == (1, "") and "bad.jsonl:1: not a JSON message" in err
+    code, out, err = run_cli("run", str(tmp_path / "none.jsonl"), "--workspace", str(WORKSPACE))
+    assert (code, out) == (1, "") and "none.jsonl" in err
+    assert main(["run", "--no-such-flag", "x"]) == 2
+    assert "usage: threepass" in capsys.readouterr().err
+    code, _, err = run_cli(
+        "run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--no-cache", "--answer", "y", "--strict"
+    )
+    assert code == 1 and "--strict" in err
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"threepass {threepass.__version__}\n"
+
+
+def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    """`threepass --help` and `threepass run --help` list the exit codes."""
+    for argv in (["--help"], ["run", "--help"]):
+        assert main(argv) == 0
+        text = capsys.readouterr().out
+        assert "130  interrupted" in text and "2    usage" in text
+
+
+def test_a_recording_that_cannot_be_written_exits_1(tmp_path: Path) -> None:
+    """A recording that cannot be written: every batch still runs, stderr says why, exit 1."""
+    rec = tmp_path / "no-such-folder" / "session.jsonl"
+    code, out, err = run_cli(
         "run",
         str(EXAMPLE),
         "--workspace",
         str(WORKSPACE),
         "--record",
         str(rec),
-        "--cache-dir",
-        str(tmp_path / "cache"),
+        "--no-cache",
+        "--answer",
+        "y",
     )
-    assert code == 0, text
-    assert "call_7     read_files     ok                [deduped]" in text
-    assert "3 * 0.75 + 2 * 1.2 = 4.65" in text
-    assert "call_18c   run_command    denied" in text  # no terminal: the CLI refuses
-    assert "Tool not found: calcualte" in text
-    assert (WORKSPACE / "src" / "inventory.py").read_text() == before  # the copy was edited
-    code, text = run_cli("replay", str(rec))
-    assert code == 0, text
-    assert "no divergence" in text and "replayed 24 calls in 6 batches" in text
+    assert code == 1 and "19 calls in 6 batches" in out and "recorded to" not in out
+    assert f"recording to {rec} stopped early:" in err and "No such file or directory" in err
 
 
-def test_replay_of_a_tampered_recording_fails(tmp_path: Path) -> None:
-    """A tampered result is named by its line (the hash chain breaks there); exit 1."""
+def test_run_recording_replays_and_inspects(tmp_path: Path) -> None:
+    """The CLI's own recording replays clean, and inspect shows its batches from 1 (golden)."""
+    rec = tmp_path / "session.jsonl"
+    code, _, _ = run_cli(
+        "run",
+        str(EXAMPLE),
+        "--workspace",
+        str(WORKSPACE),
+        "--record",
+        str(rec),
+        "--no-cache",
+        "--answer",
+        "yes",
+    )
+    assert code == 0
+    code, out, _ = run_cli("replay", str(rec))
+    assert code == 0 and out.splitlines()[-2:] == [
+        "replayed 19 calls in 6 batches without running any tool",
+        "no divergence",
+    ]
+    check_golden("replay.txt", out)
+    code, out, _ = run_cli("inspect", str(rec))
+    assert code == 0
+    check_golden("inspect.txt", normalise(out, tmp_path))
+    code, out, _ = run_cli("inspect", str(rec), "--batch", "2")
+    assert code == 0
+    check_golden("inspect-batch-2.txt", normalise(out, tmp_path))
+    code, _, err = run_cli("inspect", str(rec), "--batch", "7")
+    assert code == 1 and "batches 1 to 6" in err
+
+
+def test_replay_diff_shows_the_divergence(tmp_path: Path) -> None:
+    """An edited decision in the last record diverges (exit 1) and --diff shows it as - and + lines."""
+    rec = tmp_path / "session.jsonl"
+    run_cli(
+        "run",
+        str(EXAMPLE),
+        "--workspace",
+        str(WORKSPACE),
+        "--record",
+        str(rec),
+        "--no-cache",
+        "--answer",
+        "y",
+    )
+    lines = rec.read_text().splitlines()
+    last = json.loads(lines[-1])
+    last["plan"][1]["how"] = "denied"
+    rec.write_text("\n".join([*lines[:-1], json.dumps(last)]) + "\n")
+    code, out, _ = run_cli("replay", str(rec), "--diff")
+    assert code == 1 and "divergence: batch 6 (line 7), call 1 (call_19): how differs" in out
+    assert "- denied" in out.splitlines() and "+ ran" in out.splitlines()
+
+
+def test_replay_of_a_tampered_recording_names_the_line(tmp_path: Path) -> None:
+    """A result edited in the middle breaks the hash chain at its line: exit 1, no traceback."""
     rec = tmp_path / "session.jsonl"
     run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache")
     records = [json.loads(line) for line in rec.read_text().splitlines()]
     records[2]["results"][1]["content"] = "tampered"
     rec.write_text("".join(json.dumps(r) + "\n" for r in records))
-    code, text = run_cli("replay", str(rec))
-    assert code == 1
-    assert "problem: line 3: edited (its hash does not match the next record's prev)\n" in text
-    assert "replayed 3 calls in 1 batches" in text and "no divergence" not in text
+    code, out, err = run_cli("replay", str(rec))
+    assert code == 1 and err == ""
+    assert "problem: line 3: edited (its hash does not match the next record's prev)\n" in out
 
 
-def test_yes_allows_confirmations(tmp_path: Path) -> None:
-    """--yes lets a call that needs confirmation run."""
-    code, text = run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--no-cache", "--yes")
-    assert code == 0 and "call_18c   run_command    ok" in text
+def test_replay_verify_runs_the_tools_again(tmp_path: Path) -> None:
+    """--verify reruns the recorded calls: the example matches, a changed file diverges with its diff."""
+    rec = tmp_path / "session.jsonl"
+    run_cli(
+        "run",
+        str(EXAMPLE),
+        "--workspace",
+        str(WORKSPACE),
+        "--record",
+        str(rec),
+        "--no-cache",
+        "--answer",
+        "y",
+    )
+    code, out, _ = run_cli("replay", str(rec), "--verify", "--workspace", str(WORKSPACE), "--plain")
+    assert code == 0, out
+    assert out.splitlines()[-1] == "verified: 19 calls ran again and answered as recorded"
+    changed = tmp_path / "ws"
+    shutil.copytree(WORKSPACE, changed)
+    (changed / "data" / "prices.csv").write_text("item,price\napple,0.55\npear,0.75\n")
+    code, out, _ = run_cli("replay", str(rec), "--verify", "--workspace", str(changed), "--plain")
+    assert code == 1 and "differs: batch 2, call 2 (call_5, read_files): content" in out
+    assert any(line.startswith("-") and "0.50" in line for line in out.splitlines())
+
+
+def test_tools_lists_every_tool_and_json_is_a_list(tmp_path: Path) -> None:
+    """`tools` lists every tool with its rules (golden); --json is a list of objects with the rule fields."""
+    code, out, _ = run_cli("tools", "--workspace", str(tmp_path))
+    assert code == 0
+    check_golden("tools.txt", normalise(out, tmp_path))
+    code, out, _ = run_cli("tools", "--json", "--workspace", str(tmp_path))
+    rows = json.loads(out)
+    assert isinstance(rows, list) and [r["name"] for r in rows[:2]] == ["find_tools", "run_tool"]
+    assert all({"name", "concurrent", "confirm", "deferred", "cache"} <= set(r) for r in rows)
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["http_request"]["confirm"] == "unless the method is GET, HEAD or OPTIONS"
+    assert by_name["edit_file"]["concurrent"] is False and by_name["read_files"]["concurrent"] is True
+    assert by_name["fetch_page"]["cache"] == {"ttl": 1800.0, "scope": "shared"}
+    assert {"active", "program", "reason"} <= set(by_name["run_command"]["sandbox"])
 
 
 def test_cache_stats_and_clear(tmp_path: Path) -> None:
@@ -69,110 +302,57 @@ def test_cache_stats_and_clear(tmp_path: Path) -> None:
 
     store = DiskResultCache(tmp_path / "c")
     store.set_sync("k", "v", ttl=60)
-    code, text = run_cli("cache", "stats", "--dir", str(tmp_path / "c"))
-    assert code == 0 and "1 entries" in text
-    code, text = run_cli("cache", "clear", "--dir", str(tmp_path / "c"))
+    code, out, _ = run_cli("cache", "stats", "--dir", str(tmp_path / "c"))
+    assert code == 0 and "1 entries" in out
+    code, _, _ = run_cli("cache", "clear", "--dir", str(tmp_path / "c"))
     assert code == 0 and DiskResultCache(tmp_path / "c").statistics_sync().entries == 0
 
 
-def test_a_missing_transcript_is_a_clear_error(tmp_path: Path) -> None:
-    """A transcript that does not exist exits 2 with its path in the message."""
-    code, text = run_cli("run", str(tmp_path / "none.jsonl"), "--workspace", str(WORKSPACE))
-    assert code == 2 and "none.jsonl" in text
+def test_the_bench_table_fits_the_terminal() -> None:
+    """A 250-column Markdown table fits 80 columns, a column per system and a row per figure."""
+    from rich.console import Console
+
+    header = "| system | " + " | ".join(f"a long column header number {i}" for i in range(9)) + " |"
+    rows = [
+        f"| {name} | " + " | ".join("12.3 (1.0x)" for _ in range(9)) + " |" for name in ("threepass", "floor")
+    ]
+    lines = [header, "|" + "---|" * 10, *rows]
+    assert len(header) > 250
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(markdown_table(lines))
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "threepass" in text.splitlines()[1] and "floor" in text.splitlines()[1]
+    assert sum("a long column header number" in line for line in text.splitlines()) == 9
 
 
-def test_replay_works_when_the_recorded_workspace_is_gone(tmp_path: Path) -> None:
-    """Replay runs no tool, so a recording whose workspace copy was deleted still replays."""
-    import shutil
+def test_the_timeline_page_holds_every_call_in_pass_order(tmp_path: Path) -> None:
+    """The timeline page is self-contained and holds every call once, in call order, inside its pass."""
+    page = tmp_path / "timeline.html"
+    code, out, _ = run_cli("demo", "--timeline", str(page), "--record", str(tmp_path / "r.jsonl"))
+    assert code == 0 and f"timeline: {page}" in out
+    html = page.read_text(encoding="utf-8")
+    assert 'src="http' not in html and "Plotly.newPlot" in html and len(html) > 1_000_000
+    found = re.search(r'<script type="application/json" id="threepass-timeline">(.*?)</script>', html, re.S)
+    assert found is not None
+    batches = json.loads(found.group(1).replace("<\\/", "</"))
+    from threepass._runner import tool_calls_of
 
-    rec = tmp_path / "session.jsonl"
-    run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache")
-    header = json.loads(rec.read_text().splitlines()[0])
-    shutil.rmtree(Path(header["meta"]["workspace"]).parent)
-    code, text = run_cli("replay", str(rec))
-    assert code == 0 and "no divergence" in text
-
-
-def test_recording_twice_to_one_file_replaces_it(tmp_path: Path) -> None:
-    """Running the main job twice with one --record file leaves one clean recording."""
-    rec = tmp_path / "session.jsonl"
-    for _ in range(2):
-        run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache")
-    assert sum(1 for line in rec.read_text().splitlines() if '"type": "header"' in line) == 1
-    code, text = run_cli("replay", str(rec))
-    assert code == 0 and "replayed 24 calls in 6 batches" in text
-
-
-def test_run_says_when_its_recording_could_not_be_written(tmp_path: Path) -> None:
-    """--record into a folder that does not exist: every batch still runs, the command says the
-    recording stopped and exits 1."""
-    rec = tmp_path / "no-such-folder" / "session.jsonl"
-    code, text = run_cli(
-        "run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache"
-    )
-    assert code == 1
-    assert "24 calls in 6 batches" in text
-    assert f"recording to {rec} stopped early:" in text and "No such file or directory" in text
-    assert "recorded to" not in text
-
-
-def test_tools_lists_every_tool_with_its_confirm_rule_and_the_sandbox(tmp_path: Path) -> None:
-    """`threepass tools` lists the core two and every builtin, each confirm rule (a predicate
-    by its rule), and whether the command sandbox is active; --json is one document."""
-    code, text = run_cli("tools", "--workspace", str(tmp_path))
-    assert code == 0
-    lines = text.splitlines()
-    assert lines[0].startswith("find_tools") and lines[1].startswith("run_tool")
-    run_command = next(line for line in lines if line.startswith("run_command"))
-    assert "confirm=unless the command is read-only" in run_command
-    assert lines[-1].startswith("command sandbox: ")
-    code, text = run_cli("tools", "--json", "--workspace", str(tmp_path))
-    data = json.loads(text)
-    by_name = {t["name"]: t for t in data["tools"]}
-    assert by_name["http_request"]["confirm"] == "unless the method is GET, HEAD or OPTIONS"
-    assert by_name["edit_file"]["concurrent"] is False and by_name["read_files"]["concurrent"] is True
-    assert by_name["fetch_page"]["cache"] == {"ttl": 1800.0, "scope": "shared"}
-    assert {"active", "program", "reason"} <= set(data["command_sandbox"])
-
-
-def _example_recording(folder: Path) -> list[str]:
-    rec = folder / "example.jsonl"
-    code, text = run_cli(
-        "run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache"
-    )
-    assert code == 0, text
-    return rec.read_text().splitlines()
-
-
-def _without_results(line: str) -> str:
-    record = json.loads(line)
-    del record["results"]
-    return json.dumps(record)
-
-
-def test_replay_names_the_line_of_every_kind_of_tampering(tmp_path: Path) -> None:
-    """Deleted, moved, duplicated, emptied and incomplete records each exit 1 with one
-    `problem: line N: ...` line, no traceback, and the records before them replayed."""
-    lines = _example_recording(tmp_path)
-    assert len(lines) == 7
-    cases = {
-        "deleted": (lines[:3] + lines[4:], "line 4: record seq 4 follows seq 2 (a record is missing)"),
-        "moved": (
-            [*lines[:3], lines[4], lines[3], *lines[5:]],
-            "line 4: record seq 4 follows seq 2 (out of order: seq 3 is on line 5)",
-        ),
-        "duplicated": (lines[:4] + lines[3:], "line 5: a duplicate of line 4 (record seq 3)"),
-        "emptied": ([*lines[:3], "{}", *lines[4:]], "line 4: a record without 'type'"),
-        "incomplete": (
-            [*lines[:3], _without_results(lines[3]), *lines[4:]],
-            "line 4: the batch record has no 'results'",
-        ),
-    }
-    for name, (tampered, problem) in cases.items():
-        rec = tmp_path / f"{name}.jsonl"
-        rec.write_text("".join(line + "\n" for line in tampered))
-        code, text = run_cli("replay", str(rec))
-        assert code == 1, (name, text)
-        assert [line for line in text.splitlines() if line.startswith("problem: ")] == [f"problem: {problem}"]
-        assert "Traceback" not in text and "no divergence" not in text
-        assert f"in {3 if name == 'duplicated' else 2} batches" in text, (name, text)
+    transcript = [json.loads(line) for line in EXAMPLE.read_text().splitlines()]
+    calls = [tool_calls_of(m) for m in transcript if m["role"] == "assistant"]
+    expected = [[c["id"] for c in batch] for batch in calls if batch]
+    assert [[bar["id"] for bar in b["bars"]] for b in batches] == expected
+    slack = 1.0  # ms: wall-clock starts against monotonic pass timings
+    for b in batches:
+        assert b["limit"] >= 3
+        for bar in b["bars"]:
+            if bar["served"] == "ran":
+                assert bar["phase"] == "pass 2"
+                assert b["pass1"] - slack <= bar["start"]
+                assert bar["start"] + bar["width"] <= b["pass1"] + b["pass2"] + slack
+            else:
+                assert bar["phase"] == "pass 1" and bar["start"] == 0 and bar["width"] == b["pass1"]
+        ran = [bar["id"] for bar in b["bars"] if bar["served"] == "ran"]
+        assert [i for g in b["groups"] for i in g["calls"]] == ran
+    third = {g["calls"][0]: g["calls"] for g in batches[2]["groups"]}
+    assert third == {"call_10": ["call_10"], "call_11": ["call_11"], "call_12": ["call_12"]}

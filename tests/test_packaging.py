@@ -1,10 +1,13 @@
 """The wheel: it ships the four packages and the example the command line runs, never the
-benchmark or the tests; and installed from it, `threepass bench` says where the benchmark is."""
+benchmark or the tests; installed from it into a fresh virtualenv, `threepass demo` runs
+end to end, and `threepass bench` says where the benchmark is."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import sysconfig
+import time
 import zipfile
 from pathlib import Path
 
@@ -51,6 +54,7 @@ def test_the_wheel_ships_the_packages_and_the_example_only(wheel: Path) -> None:
         assert f"{package}/py.typed" in names
     assert "threepass/examples/transcript.jsonl" in names
     assert "threepass/examples/workspace/src/inventory.py" in names
+    assert "threepass/examples/site/prices.html" in names
     assert "threepass/cli.py" in names and "dispatcher/cli.py" not in names
     assert not [n for n in names if n.startswith(("bench/", "tests/"))]
 
@@ -69,3 +73,37 @@ def test_bench_from_the_wheel_says_where_the_benchmark_is(wheel: Path, tmp_path:
     )
     assert done.returncode == 2
     assert "python -m bench" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_demo_from_a_fresh_virtualenv(wheel: Path, tmp_path: Path) -> None:
+    """Installed by pip into a fresh virtualenv, `threepass demo` exits 0 in under 5 s, replay matched."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    # The wheel itself is installed by pip; its dependencies come from this environment
+    # (no index is reached): a .pth file names this environment's site-packages, where
+    # threepass may be installed too, hence --ignore-installed.
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.strip()  # fmt: skip
+    Path(purelib, "deps-from-the-test-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    installed = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
+         str(wheel)],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(venv / "bin" / "threepass"), "demo"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].startswith("replay: 19 calls in 6 batches matched")
+    assert str(venv) in subprocess.run(
+        [str(python), "-c", "import threepass; print(threepass.__file__)"],
+        capture_output=True, text=True, check=True, timeout=60, cwd=tmp_path,
+    ).stdout  # fmt: skip
+    assert took < 5.0, took

@@ -1,6 +1,7 @@
-"""threepass, the application: the command line (`threepass run`, `replay`, `cache`,
-`bench`) and the example it runs. The libraries are `dispatcher` (the kernel), `cache`
-(result stores) and `builtin_tools` (the tools that ship); nothing here is imported by them.
+"""threepass, the application: the command line (`threepass demo`, `run`, `replay`,
+`inspect`, `tools`, `cache`, `bench`), its views and timeline, and the example it runs.
+The libraries are `dispatcher` (the kernel), `cache` (result stores) and `builtin_tools`
+(the tools that ship); nothing here is imported by them.
 """
 
 from importlib.metadata import PackageNotFoundError, version
