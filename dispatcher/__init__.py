@@ -17,7 +17,7 @@ from ._policy import CachePolicy
 from ._recording import Divergence, ReplayReport, replay
 from ._registry import Registry, Tool
 from ._scripted import ScriptedRunner
-from ._seams import CacheEntry, CacheStatistics, CacheWrite, ResultCache, ToolRunner
+from ._seams import CacheEntry, CacheStatistics, CacheWrite, ErrorRecord, ErrorStore, ResultCache, ToolRunner
 from ._session import Session, SessionStatistics
 from ._types import (
     Allow,
@@ -46,6 +46,8 @@ __all__ = [
     "DispatchInterrupted",
     "Dispatcher",
     "Divergence",
+    "ErrorRecord",
+    "ErrorStore",
     "HistoryEntry",
     "HookBlocked",
     "Interrupt",
