@@ -3,7 +3,8 @@
 `default_registry(workspace)` registers all of them:
 
 - files: read_files, find_files, edit_file, remove_file, restore_file, file_history
-- shell: run_command (in a bubblewrap sandbox; `command_sandbox()` says whether it works)
+- shell: run_command, background_command (in a bubblewrap sandbox; `command_sandbox()`
+  says whether it works)
 - web: fetch_page, search_web, http_request, download_file
 - meta (always loaded): reasoning_guide, write_todo, chat_history, ask_user, write_result
 - calculate: calculate
@@ -44,7 +45,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "files": (
         "read_files", "find_files", "edit_file", "remove_file", "restore_file", "file_history",
     ),
-    "shell": ("run_command",),
+    "shell": ("run_command", "background_command"),
     "web": ("fetch_page", "search_web", "http_request", "download_file"),
     "meta": CORE_TOOL_NAMES,
     "calculate": ("calculate",),
