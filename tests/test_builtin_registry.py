@@ -20,6 +20,7 @@ ALL_TOOLS = [
     "run_command", "background_command",
     "fetch_page", "search_web", "http_request", "download_file",
     "reasoning_guide", "write_todo", "chat_history", "ask_user", "write_result",
+    "error_history", "write_error", "store_secret",
     "calculate",
 ]  # fmt: skip
 
