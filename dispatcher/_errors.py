@@ -82,13 +82,16 @@ _SECRET_WORD: Final = (
     r"(?:api[ _-]?key|access[ _-]?key|secret[ _-]?key|token|credentials?|password|secret|bearer)"
 )
 _WHAT_WENT_WRONG: Final = (
-    r"(?:missing|invalid|expired|revoked|required|not set|not found|not provided|no\b|rejected|denied|bad|"
+    r"(?:missing|invalid|expired|revoked|required|not set|not found|not provided|rejected|denied|bad|"
     r"wrong|incorrect|unauthori[sz]ed|unauthenticated|malformed)"
 )
 _AUTH_MESSAGE: Final = re.compile(
-    rf"{_WHAT_WENT_WRONG}[^.\n]{{0,40}}?\b{_SECRET_WORD}\b|\b{_SECRET_WORD}\b[^.\n]{{0,40}}?\b{_WHAT_WENT_WRONG}",
+    rf"\b{_WHAT_WENT_WRONG}\b[^.\n]{{0,40}}?\b{_SECRET_WORD}\b"
+    rf"|\b{_SECRET_WORD}\b[^.\n]{{0,40}}?\b{_WHAT_WENT_WRONG}\b"
+    rf"|\bno (?:valid )?{_SECRET_WORD}\b",
     re.I,
 )
+_WRONG: Final = re.compile(rf"\b{_WHAT_WENT_WRONG}\b", re.I)
 _ENV_SECRET: Final = re.compile(
     r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*_(?:API_KEY|KEY|TOKEN|SECRET|PASSWORD|PAT)\b"
 )
@@ -202,7 +205,9 @@ def is_credential_failure(error: str) -> bool:
     """True when `error` points to a missing or rejected credential: HTTP 401/403, an
     authentication error type, or a message naming a key or token that is missing, wrong
     or refused."""
-    return bool(_AUTH_STATUS.search(error) or _AUTH_TYPE.search(error) or _AUTH_MESSAGE.search(error))
+    if _AUTH_STATUS.search(error) or _AUTH_TYPE.search(error) or _AUTH_MESSAGE.search(error):
+        return True
+    return bool(_ENV_SECRET.search(error) and _WRONG.search(error))
 
 
 def secret_name(error: str, args: Mapping[str, Any], tool: str) -> str:
