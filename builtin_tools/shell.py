@@ -500,7 +500,7 @@ class ShellTools:
                 raise ToolError(f"cannot start the command with {self.shell!r}", retryable=False)
             shell = [self.shell, "-c", command]
             stages = [self._confine(shell, cwd, writable=True, network=self.command_network)]
-        job = jobs.start(command, stages, cwd, env)
+        job = jobs.start(command, stages, cwd, env, sandboxed=self.sandbox.active)
         return (
             f"started {job.id}: {command}\n"
             f'read its output with background_command(action="output", id="{job.id}"); '
@@ -842,6 +842,30 @@ def _kill_all(processes: Sequence[subprocess.Popen[bytes]], sig: int = signal.SI
                     process.send_signal(sig)
 
 
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        with contextlib.suppress(OSError, ValueError):
+            found += [int(word) for word in (task / "children").read_text().split()]
+    return found
+
+
+def _sandboxed_processes(bwrap: int) -> list[int]:
+    """The processes running inside the sandbox bwrap `bwrap` started: the descendants of
+    the namespace's init (bwrap's child), whom a signal from outside does not reach."""
+    todo = [child for init in _children(bwrap) for child in _children(init)]
+    found: list[int] = []
+    while todo and len(found) < 10_000:
+        pid = todo.pop()
+        found.append(pid)
+        todo += _children(pid)
+    return found
+
+
 def _ended(code: int) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
@@ -855,6 +879,7 @@ class _Job:
     processes: list[subprocess.Popen[bytes]]
     output: Path
     started: float
+    sandboxed: bool = False
     offset: int = 0
     stop_asked: bool = False
 
@@ -913,9 +938,17 @@ class _Job:
         return "\n".join(lines)
 
     async def stop(self) -> None:
-        """SIGTERM to every stage's group, SIGKILL after a grace period; then reaped."""
+        """SIGTERM, SIGKILL after a grace period; then reaped. A sandboxed stage's SIGTERM
+        goes to the processes inside the sandbox (bwrap passes no signal on: it would die
+        of it at once and take the command with it, with no chance to clean up)."""
         self.stop_asked = True
-        _kill_all(self.processes, signal.SIGTERM)
+        for process in self.processes:
+            inside = _sandboxed_processes(process.pid) if self.sandboxed else []
+            for pid in inside:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
+            if not inside:
+                _kill_all([process], signal.SIGTERM)
         with anyio.move_on_after(_STOP_GRACE):
             while self.exit_code() is None:  # noqa: ASYNC110  # polling child processes, no event to wait on
                 await anyio.sleep(0.02)
@@ -958,7 +991,9 @@ class _Jobs:
             with contextlib.suppress(OSError):
                 ended.output.unlink()
 
-    def start(self, command: str, stages: list[list[str]], cwd: Path, env: Mapping[str, str]) -> _Job:
+    def start(
+        self, command: str, stages: list[list[str]], cwd: Path, env: Mapping[str, str], *, sandboxed: bool
+    ) -> _Job:
         if self.closed:
             raise ToolError("the session is closing: no command can start", retryable=False)
         self.started += 1
@@ -969,7 +1004,7 @@ class _Jobs:
             processes = _spawn(stages, cwd, env, fd)
         finally:
             os.close(fd)
-        job = _Job(job_id, command, processes, path, time.time())
+        job = _Job(job_id, command, processes, path, time.time(), sandboxed=sandboxed)
         self.jobs[job_id] = job
         return job
 

@@ -7,6 +7,11 @@ it: each write is one `BEGIN IMMEDIATE` transaction, so two processes counting t
 signature never lose a count. A connection is opened per operation, in a worker thread,
 so the store has no thread or fork to care about.
 
+A folder or database that cannot be opened (unwritable, not a database) is logged once to
+the `threepass.cache` logger and leaves the disk store disabled: it remembers and finds
+nothing, and `healthy` is False. Faults later on raise to the caller (the session logs
+them; `error_history` and `write_error` fail with them).
+
 Both keep the `max_records` most recently seen signatures and forget older ones. What
 they hold is what pass 3 hands them: the error's first line already redacted and
 bounded, the arguments' shape, never a value. Still, nobody else's business: a folder
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sqlite3
 import time
@@ -40,6 +46,7 @@ _MAX_RESOLUTION: Final = 1000
 _DATABASE: Final = "errors.db"
 _PRIVATE_DIR: Final = 0o700
 _PRIVATE_FILE: Final = 0o600
+_log = logging.getLogger("threepass.cache")
 
 _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS threepass_errors ("
@@ -168,15 +175,26 @@ class DiskErrorStore:
         self._clock = clock
         self._max = max_records
         self._timeout = timeout
-        if not self._directory.is_dir():
-            self._directory.mkdir(mode=_PRIVATE_DIR, parents=True, exist_ok=True)
-            self._directory.chmod(_PRIVATE_DIR)
-        if not self._path.exists():
-            os.close(os.open(self._path, os.O_WRONLY | os.O_CREAT, _PRIVATE_FILE))
-            self._path.chmod(_PRIVATE_FILE)
-        with self._connect() as con:
-            for statement in _SCHEMA:
-                con.execute(statement)
+        self._healthy = False
+        try:
+            if not self._directory.is_dir():
+                self._directory.mkdir(mode=_PRIVATE_DIR, parents=True, exist_ok=True)
+                self._directory.chmod(_PRIVATE_DIR)
+            if not self._path.exists():
+                os.close(os.open(self._path, os.O_WRONLY | os.O_CREAT, _PRIVATE_FILE))
+                self._path.chmod(_PRIVATE_FILE)
+            with self._connect() as con:
+                for statement in _SCHEMA:
+                    con.execute(statement)
+        except (OSError, sqlite3.Error) as exc:
+            _log.warning("error store %s disabled: cannot open it: %s", self._path, exc)
+        else:
+            self._healthy = True
+
+    @property
+    def healthy(self) -> bool:
+        """False when the store could not be opened: then it keeps and finds nothing."""
+        return self._healthy
 
     @property
     def path(self) -> Path:
@@ -219,7 +237,7 @@ class DiskErrorStore:
     # -- the same, synchronous ----------------------------------------------------------------
 
     def lookup_sync(self, signatures: Sequence[str]) -> dict[str, ErrorRecord]:
-        if not signatures:
+        if not signatures or not self._healthy:
             return {}
         marks = ", ".join("?" * len(signatures))
         query = f"SELECT {_COLUMNS} FROM threepass_errors WHERE signature IN ({marks})"
@@ -227,7 +245,7 @@ class DiskErrorStore:
             return {r.signature: r for r in map(_record, con.execute(query, list(signatures)))}
 
     def record_many_sync(self, records: Sequence[ErrorRecord]) -> None:
-        if not records:
+        if not records or not self._healthy:
             return
         now = self._clock()
         rows = []
@@ -246,6 +264,8 @@ class DiskErrorStore:
             con.execute("COMMIT")
 
     def resolve_sync(self, signature: str, resolution: str | None) -> ErrorRecord | None:
+        if not self._healthy:
+            return None
         text = None if resolution is None else resolution[:_MAX_RESOLUTION]
         with self._connect() as con:
             con.execute("BEGIN IMMEDIATE")
@@ -265,6 +285,8 @@ class DiskErrorStore:
     def search_sync(
         self, tool: str | None = None, text: str | None = None, signature: str | None = None, limit: int = 20
     ) -> list[ErrorRecord]:
+        if not self._healthy:
+            return []
         where, params = [], []
         if tool is not None:
             where.append("tool = ?")

@@ -98,7 +98,7 @@ def commit(
             result = None if led is None else _served_again(led, planned.call_id)
         else:
             result = executed.get(planned.index)
-            if result is not None and failures is not None:
+            if failures is not None and result is not None and result.status is not Status.ok:
                 result, record = note_failure(result, planned.args, failures)
                 if record is not None:
                     _count(errors, record)

@@ -118,6 +118,18 @@ async def test_start_returns_at_once_and_output_reads_what_is_new(ws: Path) -> N
         assert (await _bg(s, action="output", id="bg1")).content.endswith("no new output")
 
 
+async def test_stop_lets_a_sandboxed_command_clean_up(ws: Path) -> None:
+    """In the sandbox, stop's SIGTERM reaches the command itself, which may exit cleanly."""
+    require_program("bwrap", package="bubblewrap")
+    async with _dispatcher(ws).session("s") as s:
+        trap = "trap 'echo cleaned-$((1+1)); exit 0' TERM"
+        await _bg(s, command=f"{trap}; echo ready-$((2+3)); sleep 60 & wait")
+        await _until(s, "bg1", "ready-5")
+        stopped = await _bg(s, action="stop", id="bg1")
+    assert stopped.content.startswith("bg1 stopped, exit code 0: ")
+    assert "cleaned-2" in stopped.content
+
+
 async def test_a_command_that_exits_reports_its_exit_code(ws: Path) -> None:
     """A command that ends on its own is reported as exited with its exit code."""
     async with _dispatcher(ws, **_BARE).session("s") as s:

@@ -265,6 +265,15 @@ def test_the_disk_store_is_private(tmp_path: Path) -> None:
     assert files and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
 
 
+def test_a_disk_store_that_cannot_open_is_disabled_not_raised(tmp_path: Path) -> None:
+    """A folder that is a file: the store says it is unhealthy and remembers nothing."""
+    (tmp_path / "file").write_text("")
+    store = DiskErrorStore(tmp_path / "file")
+    assert not store.healthy
+    store.record_many_sync([ErrorRecord("a", "s1")])
+    assert store.lookup_sync(["s1"]) == {} and store.search_sync() == []
+
+
 # -- through sessions ------------------------------------------------------------------------
 
 
