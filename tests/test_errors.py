@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -263,6 +264,22 @@ def test_the_disk_store_is_private(tmp_path: Path) -> None:
     assert stat.S_IMODE((tmp_path / "new" / "errors").stat().st_mode) == 0o700
     files = list((tmp_path / "new" / "errors").iterdir())
     assert files and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+
+
+def test_processes_counting_one_signature_lose_no_count(tmp_path: Path) -> None:
+    """Two processes recording the same signature at once: every occurrence is counted."""
+    script = (
+        "import sys\n"
+        "from cache import DiskErrorStore\n"
+        "from dispatcher import ErrorRecord\n"
+        "store = DiskErrorStore(sys.argv[1])\n"
+        "for i in range(40):\n"
+        "    store.record_many_sync([ErrorRecord('t', 'shared', error='e', last_seen=1.0 + i)])\n"
+    )
+    DiskErrorStore(tmp_path)  # made once, so neither process races to create it
+    workers = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path)]) for _ in range(2)]
+    assert [w.wait(timeout=20) for w in workers] == [0, 0]
+    assert DiskErrorStore(tmp_path).lookup_sync(["shared"])["shared"].count == 80
 
 
 def test_a_disk_store_that_cannot_open_is_disabled_not_raised(tmp_path: Path) -> None:
