@@ -64,7 +64,10 @@ _UUID: Final = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a
 _HEX: Final = re.compile(
     r"\b(?:0x[0-9a-fA-F]+|(?=[0-9a-fA-F]*[0-9])(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,})\b"
 )
-_PATH: Final = re.compile(r"(?<![\w.:/])(?:~|\.{1,2})?(?:/[\w.@%+=~-]+)+/?")
+_PATH: Final = re.compile(
+    r"(?<![\w.:/])(?:~|\.{1,2})?(?:/[\w.@%+=~-]+)+/?"  # absolute, ~/ and ./ ../
+    r"|(?<![\w.:/])[\w.-]+(?:/[\w.@%+=~-]+)+/?"  # relative, with a folder in it
+)
 _HTTP_STATUS: Final = re.compile(r"\bHTTP (\d{3})\b")
 _DIGITS: Final = re.compile(r"\d+")
 _SPACES: Final = re.compile(r"\s+")

@@ -111,6 +111,7 @@ def test_a_signature_ignores_what_varies_between_occurrences() -> None:
         "http_request", "HTTP 403 from GET http://h/"
     )
     assert normalize_error("first line 1\nsecond line") == "first line #"
+    assert normalize_error("'src/a.py' is outside") == normalize_error("'../lib/b.py' is outside")
 
 
 @pytest.mark.parametrize(
