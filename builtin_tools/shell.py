@@ -866,6 +866,17 @@ def _sandboxed_processes(bwrap: int) -> list[int]:
     return found
 
 
+def _incomplete_tail(data: bytes) -> int:
+    """How many bytes at the end of `data` begin a UTF-8 character not yet complete."""
+    for back in range(1, min(3, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:  # a continuation byte: look further back for the lead
+            continue
+        needs = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4 if byte >> 3 == 0b11110 else 1
+        return back if needs > back else 0
+    return 0
+
+
 def _ended(code: int) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
@@ -906,7 +917,12 @@ class _Job:
                 half = max(1, limit // 2)
                 f.seek(self.offset)
                 if new <= limit:
-                    text = f.read(new).decode("utf-8", "replace")
+                    data = f.read(new)
+                    if self.exit_code() is None:
+                        # a character still being written is shown whole by the next read
+                        held = _incomplete_tail(data)
+                        data, size, new = data[: len(data) - held], size - held, new - held
+                    text = data.decode("utf-8", "replace")
                 else:
                     head = f.read(half)
                     f.seek(size - half)

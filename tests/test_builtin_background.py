@@ -147,6 +147,18 @@ async def test_output_is_bounded_head_and_tail(ws: Path) -> None:
         assert len(out) < 1500
 
 
+async def test_a_character_cut_between_reads_is_shown_whole(ws: Path) -> None:
+    """A UTF-8 character half written when output is read comes whole with the next read."""
+    async with _dispatcher(ws, **_BARE).session("s") as s:
+        # the words printed are made by the shell, so that the command line does not hold them
+        halves = r"printf 'p%s \xe2\x82' $((1+1)); sleep 0.4; printf '\xac q%s\n' $((3+4))"
+        await _bg(s, command=f"{halves}; sleep 30")
+        first = await _until(s, "bg1", "p2 ")
+        assert "\ufffd" not in first
+        assert "\u20ac q7" in await _until(s, "bg1", "q7")
+        await _bg(s, action="stop", id="bg1")
+
+
 async def test_an_unknown_id_or_action_fails_plainly(ws: Path) -> None:
     """An id the session never started, or a start without a command, fails naming it."""
     async with _dispatcher(ws, **_BARE).session("s") as s:
