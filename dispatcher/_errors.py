@@ -78,7 +78,8 @@ _AUTH_STATUS: Final = re.compile(
     r"\b(?:HTTP|status(?: code)?:?) ?(?:401|403)\b|\b(?:401|403) (?:Unauthorized|Forbidden)\b", re.I
 )
 _AUTH_TYPE: Final = re.compile(
-    r"\b\w*(?:Authentication|Authorization|Auth|Credential|Permission(?:Denied)?|Unauthori[sz]ed|Forbidden|"
+    # not Python's PermissionError: that one is about files
+    r"\b\w*(?:Authentication|Authorization|Auth|Credential|PermissionDenied|Unauthori[sz]ed|Forbidden|"
     r"InvalidToken|TokenExpired)\w*(?:Error|Exception)\b"
 )
 _SECRET_WORD: Final = (

@@ -126,6 +126,7 @@ def test_a_signature_ignores_what_varies_between_occurrences() -> None:
         ("the access token has expired", True),
         ("HTTP 404 Not Found from GET http://127.0.0.1:8000/x", False),
         ("No such file or directory: 'secret.txt'", False),
+        ("PermissionError: [Errno 13] Permission denied: '/etc/shadow'", False),
         ("unexpected token in JSON at position 3", False),
         ("command timed out after 5 s and was killed", False),
     ],
