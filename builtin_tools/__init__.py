@@ -3,9 +3,12 @@
 `default_registry(workspace)` registers all of them:
 
 - files: read_files, find_files, edit_file, remove_file, restore_file, file_history
-- shell: run_command (in a bubblewrap sandbox; `command_sandbox()` says whether it works)
+- shell: run_command, background_command (in a bubblewrap sandbox; `command_sandbox()`
+  says whether it works)
 - web: fetch_page, search_web, http_request, download_file
-- meta (always loaded): reasoning_guide, write_todo, chat_history, ask_user, write_result
+- meta (always loaded): reasoning_guide, write_todo, chat_history, ask_user, write_result,
+  error_history, write_error, store_secret (the error memory: give the Dispatcher an
+  `error_store`, e.g. `cache.DiskErrorStore()`, for them to remember anything)
 - calculate: calculate
 
 MCP servers are a tool source of their own: `builtin_tools.mcp.open_mcp` (the
@@ -44,7 +47,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "files": (
         "read_files", "find_files", "edit_file", "remove_file", "restore_file", "file_history",
     ),
-    "shell": ("run_command",),
+    "shell": ("run_command", "background_command"),
     "web": ("fetch_page", "search_web", "http_request", "download_file"),
     "meta": CORE_TOOL_NAMES,
     "calculate": ("calculate",),
@@ -101,6 +104,10 @@ def default_registry(
     start, every command needs confirmation. `sandbox=False` runs commands unsandboxed
     and lets read-only commands run unconfirmed: for hosts that are a sandbox already.
     `command_network=True` gives confirmed commands the network.
+
+    The error memory's tools (`error_history`, `write_error`) reach the store the
+    Dispatcher was given: `Dispatcher(registry, error_store=cache.DiskErrorStore())` keeps
+    it beside the result cache (this package cannot import `cache`, so it does not make one).
     """
     tools = all_tools(
         workspace,

@@ -1,13 +1,18 @@
 """The always-loaded tools that serve the conversation itself: `write_todo`,
-`chat_history`, `reasoning_guide`, `ask_user`, `write_result`.
+`chat_history`, `reasoning_guide`, `ask_user`, `write_result`, and the error memory's
+`error_history`, `write_error` and `store_secret`.
 
 They keep their state in the session (`ctx.state`): the todo list under "todo", the
 final result under "result". `ask_user` asks through a callable the application puts
 in `ctx.state["ask_user"]`; without one it interrupts the dispatch (a question
 nobody can hear is run control, not a failure), and the application resumes the batch
-with `dispatch(calls, decisions={call_id: Answer(text)})`. These handlers touch session
-state, which belongs to the event loop's thread, so they are async even where they
-never await.
+with `dispatch(calls, decisions={call_id: Answer(text)})`. `error_history` and
+`write_error` reach the dispatcher's error store through `ctx.errors` (without one they
+say no memory is configured); `store_secret` hands a secret to the application's
+`ctx.state["store_secret"]` and never shows it (its argument is named `secret`, which the
+credential rule redacts in recordings; `chat_history` shows arguments redacted too).
+These handlers touch session state, which belongs to the event loop's thread, so they
+are async even where they never await.
 Nothing from the dispatcher's passes may be imported here.
 """
 
@@ -15,13 +20,17 @@ from __future__ import annotations
 
 import inspect
 import json
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import anyio.to_thread
 
+from dispatcher._credentials import redact_arguments
+from dispatcher._errors import MAX_RESOLUTION_CHARS, SECRET_STORE_KEY
 from dispatcher._exceptions import DispatchInterrupted, ToolError
 from dispatcher._registry import Tool
+from dispatcher._seams import ErrorRecord
 from dispatcher._types import ToolCall, ToolContext
 
 from ._workspace import Workspace
@@ -31,11 +40,15 @@ __all__ = [
     "ASK_USER_TIMEOUT",
     "CORE_TOOL_NAMES",
     "MetaTools",
+    "SECRET_STORE_KEY",
     "meta_tools",
     "render_todo",
 ]
 
-CORE_TOOL_NAMES = ("reasoning_guide", "write_todo", "chat_history", "ask_user", "write_result")
+CORE_TOOL_NAMES = (
+    "reasoning_guide", "write_todo", "chat_history", "ask_user", "write_result",
+    "error_history", "write_error", "store_secret",
+)  # fmt: skip
 ASK_USER_KEY = "ask_user"
 """`ctx.state[ASK_USER_KEY]`: `fn(question) -> str` or `fn(question, options) -> str`,
 sync (run in a worker thread, so it may block on a terminal) or async."""
@@ -64,9 +77,13 @@ How to work with the tools here:
    in_progress at a time and done as soon as it is.
 7. When something is unclear only the user can settle, ask_user. Finish with
    write_result once the task is complete.
-8. A failed call says whether a retry can help ("retryable") and often ends with a
-   "next:" line: follow it rather than repeating the same call.
+8. A failed call says whether a retry can help ("retryable") and ends with a "next:"
+   line: follow it rather than repeating the same call. Failures are remembered across
+   conversations: error_history shows them, and once a different approach works,
+   write_error(signature=..., outcome="resolved", resolution=...) tells the next one.
 """
+
+_NO_MEMORY = "No error memory is configured here: failures are not remembered across conversations."
 
 
 def meta_tools(workspace: Workspace) -> list[Tool]:
@@ -140,6 +157,49 @@ class MetaTools:
                 deferred=False,
                 writes=self.write_result_writes,
             ),
+            Tool(
+                name="error_history",
+                description=(
+                    "Failures remembered across conversations, most recent first: tool, signature, "
+                    "arguments' shape, when and how often, and the resolution written for each. "
+                    "Filter by `tool`, `text` or `signature`."
+                ),
+                handler=self.error_history,
+                parameters=_ERROR_HISTORY_SCHEMA,
+                concurrent=True,
+                deferred=False,
+                # It reads what write_error writes (so a write earlier in the batch comes first),
+                # and what it reads changes with every failure: never deduped.
+                reads=_writes_state("errors"),
+                writes=_writes_state("error_history"),
+            ),
+            Tool(
+                name="write_error",
+                description=(
+                    "Record what fixed a failure, by the signature its result named: "
+                    'write_error(signature="...", outcome="resolved", resolution="what worked"). '
+                    'The next time it fails, anywhere, the failure shows the fix. outcome="unresolved" '
+                    "clears a resolution that turned out wrong."
+                ),
+                handler=self.write_error,
+                parameters=_WRITE_ERROR_SCHEMA,
+                concurrent=True,
+                deferred=False,
+                writes=_writes_state("errors"),
+            ),
+            Tool(
+                name="store_secret",
+                description=(
+                    "Keep a credential (API key, token, password) in the application's secret store "
+                    "under `name`. Give `secret` only if the user gave it to you; without it the "
+                    "application asks the user. The value is never shown or recorded."
+                ),
+                handler=self.store_secret,
+                parameters=_STORE_SECRET_SCHEMA,
+                deferred=False,
+                timeout=ASK_USER_TIMEOUT,
+                writes=_writes_state("secrets"),
+            ),
         ]
 
     def write_result_writes(self, args: Mapping[str, Any]) -> set[str]:
@@ -205,6 +265,66 @@ class MetaTools:
                 answer = await answer
         return _answer_text(answer)
 
+    async def error_history(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
+        store = ctx.errors
+        if store is None:
+            return _NO_MEMORY
+        limit = int(args.get("limit") or 20)
+        records = await store.search(
+            tool=args.get("tool") or None,
+            text=args.get("text") or None,
+            signature=args.get("signature") or None,
+            limit=limit,
+        )
+        if not records:
+            return "no remembered failures match"
+        lines = [f"{len(records)} remembered failure(s), most recent first:"]
+        lines += [_render_error(r) for r in records]
+        return "\n".join(lines)
+
+    async def write_error(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
+        store = ctx.errors
+        if store is None:
+            return _NO_MEMORY + " Nothing was written."
+        signature = str(args["signature"]).strip()
+        outcome = args.get("outcome") or "resolved"
+        resolution = args.get("resolution")
+        if outcome == "resolved":
+            if not isinstance(resolution, str) or not resolution.strip():
+                raise ToolError('outcome="resolved" needs `resolution`: say what fixed it', retryable=False)
+            resolution = resolution.strip()[:MAX_RESOLUTION_CHARS]
+        else:
+            resolution = None
+        record = await store.resolve(signature, resolution)
+        if record is None:
+            raise ToolError(
+                f"no failure with signature {signature!r} is remembered; error_history lists them",
+                retryable=False,
+            )
+        if resolution is None:
+            return f"resolution of {signature} ({record.tool}) cleared"
+        return f"resolution of {signature} ({record.tool}) recorded: the next failure like it shows it"
+
+    async def store_secret(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
+        name = str(args["name"]).strip()
+        secret = args.get("secret")
+        keep = ctx.state.get(SECRET_STORE_KEY)
+        if not callable(keep):
+            return (
+                f"No secret store is configured here, so {name!r} was not stored: ask the user "
+                "(ask_user) to provide that credential to the application, then retry."
+            )
+        if _is_async(keep):
+            kept = await keep(name, secret)
+        else:
+            # Abandoned on cancellation: the application may be asking the user on a terminal.
+            kept = await anyio.to_thread.run_sync(lambda: keep(name, secret), abandon_on_cancel=True)
+            if inspect.isawaitable(kept):
+                kept = await kept
+        if kept is False:
+            raise ToolError(f"the secret store did not keep {name!r}", retryable=False)
+        return f"secret {name!r} stored; retry what needed it"
+
     async def write_result(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
         content: str = args["content"]
         path = args.get("path")
@@ -252,10 +372,26 @@ def _short(text: object, limit: int) -> str:
 
 def _short_args(args: Mapping[str, Any]) -> str:
     try:
-        encoded = json.dumps(dict(args), ensure_ascii=False, sort_keys=True, default=str)
+        encoded = json.dumps(redact_arguments(args), ensure_ascii=False, sort_keys=True, default=str)
     except (TypeError, ValueError):
         encoded = repr(args)
     return _short(encoded, 120)
+
+
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seconds))
+
+
+def _render_error(record: ErrorRecord) -> str:
+    shape = ", ".join(f"{key}: {kind}" for key, kind in record.shape)
+    times = "once" if record.count == 1 else f"{record.count} times"
+    line = (
+        f"[{record.signature}] {record.tool}({shape}) seen {times}, first {_when(record.first_seen)}, "
+        f"last {_when(record.last_seen)}: {record.error}"
+    )
+    if record.resolution:
+        line += f"\n    resolution: {record.resolution}"
+    return line
 
 
 def _answer_text(answer: object) -> str:
@@ -331,6 +467,50 @@ _ASK_USER_SCHEMA: dict[str, Any] = {
         },
     },
     "required": ["question"],
+    "additionalProperties": False,
+}
+
+_ERROR_HISTORY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "tool": {"type": "string", "description": "Only failures of this tool."},
+        "text": {"type": "string", "description": "Only failures whose error or resolution says this."},
+        "signature": {"type": "string", "description": "Only the failure with this signature."},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
+    },
+    "additionalProperties": False,
+}
+
+_WRITE_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "signature": {"type": "string", "minLength": 1, "description": "As the failure named it."},
+        "outcome": {"type": "string", "enum": ["resolved", "unresolved"], "default": "resolved"},
+        "resolution": {
+            "type": "string",
+            "maxLength": MAX_RESOLUTION_CHARS,
+            "description": "What fixed it, for whoever meets it next. Never a secret.",
+        },
+    },
+    "required": ["signature"],
+    "additionalProperties": False,
+}
+
+_STORE_SECRET_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 200,
+            "description": "What the credential is for, as the failure's next: line named it.",
+        },
+        "secret": {
+            "type": "string",
+            "description": "The value, only if the user gave it to you; omit it to have the user asked.",
+        },
+    },
+    "required": ["name"],
     "additionalProperties": False,
 }
 

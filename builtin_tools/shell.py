@@ -1,5 +1,5 @@
-"""The shell tool, `run_command`, and `is_read_only_command`, the strict test that
-decides which commands run without confirmation.
+"""The shell tools, `run_command` and `background_command`, and `is_read_only_command`,
+the strict test that decides which commands run without confirmation.
 
 A command runs one of two ways:
 
@@ -20,7 +20,20 @@ unsandboxed; then the classifier alone decides.
 
 Every command runs in its own process group (killed whole at its timeout), in the
 workspace or a folder inside it, with stdin closed and its output bounded (head and
-tail kept). Nothing from the dispatcher's passes, trio or asyncio may be imported here.
+tail kept).
+
+`background_command` starts a command under the same rules and sandbox and returns at
+once; the process belongs to the session. Its output goes to a file in a private folder
+of the session (0700, files 0600), which `action="output"` reads from where the last read
+stopped, so no task outlives the call that started it. Closing the session (`ctx.on_close`)
+kills every process group it started: in the sandbox that ends bwrap, whose
+`--die-with-parent` takes the sandbox's whole pid namespace with it, children that
+double-forked or left the session included. Without the sandbox, killing the process
+group ends what stayed in it; a child that made a session of its own (`setsid`) escapes.
+bwrap's `--die-with-parent` follows the thread that forked it, so background commands are
+forked from the event loop's thread, never from a worker thread that exits when idle.
+
+Nothing from the dispatcher's passes, trio or asyncio may be imported here.
 """
 
 from __future__ import annotations
@@ -32,6 +45,8 @@ import shutil
 import signal
 import string
 import subprocess
+import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,12 +62,19 @@ from dispatcher._types import ToolContext
 from ._sandbox import SandboxStatus, bwrap_argv, command_sandbox
 from ._workspace import Workspace
 
-__all__ = ["ShellStatistics", "ShellTools", "is_read_only_command", "shell_tools"]
+__all__ = ["BACKGROUND_KEY", "ShellStatistics", "ShellTools", "is_read_only_command", "shell_tools"]
 
 DEFAULT_TIMEOUT = 120.0
 MAX_TIMEOUT = 600.0
 _PIPE_GRACE = 0.5  # how long to keep reading after the command exits, for buffered output
 _REAP_TIMEOUT = 5.0
+
+BACKGROUND_KEY = "background_commands"
+"""`ctx.state[BACKGROUND_KEY]`: the session's background commands."""
+_BACKGROUND_ACTIONS = ("start", "output", "stop", "list")
+_BACKGROUND_KEPT = 16  # commands a session keeps (running ones count against it)
+_STOP_GRACE = 2.0  # between SIGTERM and SIGKILL
+_OUTPUT_FILE_LIMIT = 8 * 1024 * 1024  # an output file read to its end past this starts over
 
 # -- the strict lexer -----------------------------------------------------------------------
 #
@@ -411,8 +433,79 @@ class ShellTools:
                 # A read-only command still reads files: any file write invalidates it.
                 reads=_reads_any_file,
                 writes=_command_writes,
-            )
+            ),
+            Tool(
+                name="background_command",
+                description=self._background_description(),
+                handler=self.background_command,
+                parameters=_BACKGROUND_COMMAND_SCHEMA,
+                confirm=self.background_needs_confirmation,
+                timeout=_STOP_GRACE + 30,
+                reads=_reads_any_file,
+                writes=_background_writes,
+            ),
         ]
+
+    def _background_description(self) -> str:
+        return (
+            "Start a long-running command (a dev server, a watcher, a build) and return at once "
+            'with its id: background_command(command="..."). action="output" with the id returns '
+            'its output since the last read, action="stop" stops it, action="list" lists them. '
+            "Commands run under run_command's rules and sandbox and stop when the conversation "
+            "ends."
+        )
+
+    def background_needs_confirmation(self, args: Mapping[str, Any]) -> bool:
+        """unless reading or stopping one, or starting a read-only command
+
+        Starting follows run_command's rule; reading, listing and stopping the session's
+        own commands never need the gate."""
+        if args.get("action", "start") != "start":
+            return False
+        return self.needs_confirmation(args)
+
+    async def background_command(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
+        action = args.get("action") or "start"
+        if action not in _BACKGROUND_ACTIONS:
+            raise ToolError(
+                f"action is one of {', '.join(_BACKGROUND_ACTIONS)}, got {action!r}", retryable=False
+            )
+        jobs = _session_jobs(ctx)
+        if action == "list":
+            return jobs.listing()
+        if action == "start":
+            command = args.get("command")
+            if not isinstance(command, str) or not command.strip():
+                raise ToolError('action="start" needs the command to run', retryable=False)
+            return await self._start_background(command, args.get("cwd"), jobs)
+        job = jobs.find(args.get("id"))
+        if action == "stop":
+            await job.stop()
+        return job.report(self.max_output_bytes)
+
+    async def _start_background(self, command: str, cwd_arg: object, jobs: _Jobs) -> str:
+        cwd = self.ws.resolve(cwd_arg if isinstance(cwd_arg, str) and cwd_arg else ".")
+        if not cwd.is_dir():
+            raise ToolError(f"cwd {cwd_arg!r} is not a folder", retryable=False)
+        jobs.make_room()
+        env = dict(os.environ)
+        env["GIT_OPTIONAL_LOCKS"] = "0"
+        env["GIT_TERMINAL_PROMPT"] = "0"
+        env.setdefault("PAGER", "cat")
+        segments = _lexically_read_only(command)
+        if segments is not None:
+            stages, env = await self._read_only_stages(segments, cwd, env)
+        else:
+            if not os.access(self.shell, os.X_OK):
+                raise ToolError(f"cannot start the command with {self.shell!r}", retryable=False)
+            shell = [self.shell, "-c", command]
+            stages = [self._confine(shell, cwd, writable=True, network=self.command_network)]
+        job = jobs.start(command, stages, cwd, env, sandboxed=self.sandbox.active)
+        return (
+            f"started {job.id}: {command}\n"
+            f'read its output with background_command(action="output", id="{job.id}"); '
+            f'stop it with action="stop"'
+        )
 
     def _description(self) -> str:
         text = (
@@ -703,6 +796,283 @@ def _render(exit_code: int | None, stdout: _HeadTail, stderr: _HeadTail, *, aban
     return "\n".join(lines)
 
 
+# -- background commands --------------------------------------------------------------------
+
+
+def _spawn(
+    stages: list[list[str]], cwd: Path, env: Mapping[str, str], output: int
+) -> list[subprocess.Popen[bytes]]:
+    """Start a pipeline whose stderr, and last stdout, go to the file `output`; each stage
+    leads its own process group. Called on the event loop's thread on purpose: bwrap's
+    `--die-with-parent` follows the thread that forked it, and a worker thread (trio's
+    `open_process` forks from one) exits after ten idle seconds, killing the sandbox."""
+    processes: list[subprocess.Popen[bytes]] = []
+    pipes = [os.pipe() for _ in stages[1:]]
+    try:
+        for index, argv in enumerate(stages):
+            processes.append(
+                subprocess.Popen(
+                    argv,
+                    stdin=pipes[index - 1][0] if index else subprocess.DEVNULL,
+                    stdout=pipes[index][1] if index < len(pipes) else output,
+                    stderr=output,
+                    cwd=cwd,
+                    env=env,
+                    start_new_session=True,
+                )
+            )
+    except OSError as exc:
+        _kill_all(processes)
+        raise ToolError(f"cannot start the command {argv[0]!r}: {exc}", retryable=False) from exc
+    finally:
+        for read_end, write_end in pipes:  # the stages hold their own copies
+            os.close(read_end)
+            os.close(write_end)
+    return processes
+
+
+def _kill_all(processes: Sequence[subprocess.Popen[bytes]], sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to the process group of every stage still running."""
+    for process in processes:
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(sig)
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        with contextlib.suppress(OSError, ValueError):
+            found += [int(word) for word in (task / "children").read_text().split()]
+    return found
+
+
+def _sandboxed_processes(bwrap: int) -> list[int]:
+    """The processes running inside the sandbox bwrap `bwrap` started: the descendants of
+    the namespace's init (bwrap's child), whom a signal from outside does not reach."""
+    todo = [child for init in _children(bwrap) for child in _children(init)]
+    found: list[int] = []
+    while todo and len(found) < 10_000:
+        pid = todo.pop()
+        found.append(pid)
+        todo += _children(pid)
+    return found
+
+
+def _incomplete_tail(data: bytes) -> int:
+    """How many bytes at the end of `data` begin a UTF-8 character not yet complete."""
+    for back in range(1, min(3, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:  # a continuation byte: look further back for the lead
+            continue
+        needs = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4 if byte >> 3 == 0b11110 else 1
+        return back if needs > back else 0
+    return 0
+
+
+def _ended(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
+@attrs.define(eq=False)
+class _Job:
+    """One background command: its stages, the file its output goes to, how far it was read."""
+
+    id: str
+    command: str
+    processes: list[subprocess.Popen[bytes]]
+    output: Path
+    started: float
+    sandboxed: bool = False
+    offset: int = 0
+    stop_asked: bool = False
+
+    def exit_code(self) -> int | None:
+        """The last stage's exit code once every stage has exited; None while any runs."""
+        codes = [p.poll() for p in self.processes]
+        return None if any(c is None for c in codes) else codes[-1]
+
+    def state(self) -> str:
+        code = self.exit_code()
+        if code is None:
+            return "running"
+        return f"stopped, {_ended(code)}" if self.stop_asked else f"exited, {_ended(code)}"
+
+    def read_new(self, limit: int) -> tuple[str, int]:
+        """The output written since the last read (its first and last `limit // 2` bytes
+        when there is more), and how many bytes that was."""
+        try:
+            with open(self.output, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < self.offset:  # started over (see below)
+                    self.offset = 0
+                new = size - self.offset
+                half = max(1, limit // 2)
+                f.seek(self.offset)
+                if new <= limit:
+                    data = f.read(new)
+                    if self.exit_code() is None:
+                        # a character still being written is shown whole by the next read
+                        held = _incomplete_tail(data)
+                        data, size, new = data[: len(data) - held], size - held, new - held
+                    text = data.decode("utf-8", "replace")
+                else:
+                    head = f.read(half)
+                    f.seek(size - half)
+                    tail = f.read(half)
+                    omitted = new - len(head) - len(tail)
+                    text = (
+                        head.decode("utf-8", "replace")
+                        + f"\n[... {omitted} bytes omitted ...]\n"
+                        + tail.decode("utf-8", "replace")
+                    )
+        except FileNotFoundError:
+            return "", 0
+        self.offset = size
+        if size > _OUTPUT_FILE_LIMIT:
+            # Read to its end: the command appends (O_APPEND), so emptying the file bounds the
+            # disk it takes; bytes written between the read and this are lost.
+            with contextlib.suppress(OSError):
+                os.truncate(self.output, 0)
+                self.offset = 0
+        return text, new
+
+    def report(self, limit: int) -> str:
+        text, new = self.read_new(limit)
+        lines = [f"{self.id} {self.state()}: {self.command}"]
+        if new:
+            lines += [f"output ({new} new bytes):", text.rstrip("\n")]
+        else:
+            lines.append("no new output")
+        return "\n".join(lines)
+
+    async def stop(self) -> None:
+        """SIGTERM, SIGKILL after a grace period; then reaped. A sandboxed stage's SIGTERM
+        goes to the processes inside the sandbox (bwrap passes no signal on: it would die
+        of it at once and take the command with it, with no chance to clean up)."""
+        self.stop_asked = True
+        for process in self.processes:
+            inside = _sandboxed_processes(process.pid) if self.sandboxed else []
+            for pid in inside:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
+            if not inside:
+                _kill_all([process], signal.SIGTERM)
+        with anyio.move_on_after(_STOP_GRACE):
+            while self.exit_code() is None:  # noqa: ASYNC110  # polling child processes, no event to wait on
+                await anyio.sleep(0.02)
+        self.kill()
+
+    def kill(self) -> None:
+        _kill_all(self.processes)
+        for process in self.processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=_REAP_TIMEOUT)
+
+
+@attrs.define(eq=False)
+class _Jobs:
+    """One session's background commands and the private folder of their output files."""
+
+    folder: Path
+    jobs: dict[str, _Job] = attrs.field(factory=dict)
+    started: int = 0
+    closed: bool = False
+
+    def find(self, job_id: object) -> _Job:
+        job = self.jobs.get(job_id) if isinstance(job_id, str) else None
+        if job is None:
+            known = ", ".join(self.jobs) or "none"
+            raise ToolError(
+                f"no background command {job_id!r} in this session (known: {known})", retryable=False
+            )
+        return job
+
+    def make_room(self) -> None:
+        """Forget the oldest ended commands past the bound; refuse when all still run."""
+        while len(self.jobs) >= _BACKGROUND_KEPT:
+            ended = next((j for j in self.jobs.values() if j.exit_code() is not None), None)
+            if ended is None:
+                raise ToolError(
+                    f"{_BACKGROUND_KEPT} background commands are running: stop one first", retryable=False
+                )
+            del self.jobs[ended.id]
+            with contextlib.suppress(OSError):
+                ended.output.unlink()
+
+    def start(
+        self, command: str, stages: list[list[str]], cwd: Path, env: Mapping[str, str], *, sandboxed: bool
+    ) -> _Job:
+        if self.closed:
+            raise ToolError("the session is closing: no command can start", retryable=False)
+        self.started += 1
+        job_id = f"bg{self.started}"
+        path = self.folder / f"{job_id}.out"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o600)
+        try:
+            processes = _spawn(stages, cwd, env, fd)
+        finally:
+            os.close(fd)
+        job = _Job(job_id, command, processes, path, time.time(), sandboxed=sandboxed)
+        self.jobs[job_id] = job
+        return job
+
+    def listing(self) -> str:
+        if not self.jobs:
+            return "no background commands in this session"
+        now = time.time()
+        lines = []
+        for job in self.jobs.values():
+            try:
+                size = job.output.stat().st_size
+            except OSError:
+                size = 0
+            unread = max(0, size - job.offset)
+            lines.append(
+                f"{job.id} {job.state()} ({now - job.started:.0f} s, {unread} bytes unread): {job.command}"
+            )
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Kill every command the session started, reap them and remove their output."""
+        self.closed = True
+        for job in self.jobs.values():
+            _kill_all(job.processes)
+        for job in self.jobs.values():
+            job.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _session_jobs(ctx: ToolContext) -> _Jobs:
+    """The session's background commands, made (with their cleanup) on first use."""
+    jobs = ctx.state.get(BACKGROUND_KEY)
+    if isinstance(jobs, _Jobs) and not jobs.closed:
+        return jobs
+    jobs = _Jobs(Path(tempfile.mkdtemp(prefix="threepass-background-")))
+    try:
+        ctx.on_close(jobs.close)
+    except RuntimeError:
+        shutil.rmtree(jobs.folder, ignore_errors=True)
+        raise ToolError("this call has no session to own a background command", retryable=False) from None
+    ctx.state[BACKGROUND_KEY] = jobs
+    return jobs
+
+
+def _background_writes(args: Mapping[str, Any]) -> set[str]:
+    # A running command may change any file at any time: every call but a read-only start
+    # drops what the run remembers of files (and none of them is deduped).
+    if args.get("action", "start") == "start" and _lexically_read_only(args.get("command")) is not None:
+        return {"state:background"}
+    return {"file:/", "state:background"}
+
+
 def _command_writes(args: Mapping[str, Any]) -> set[str]:
     # Unknown effects on every file, unless the line runs as the argvs of allowed programs
     # with harmless options (whatever paths they name, they only read).
@@ -729,5 +1099,24 @@ _RUN_COMMAND_SCHEMA: dict[str, Any] = {
         },
     },
     "required": ["command"],
+    "additionalProperties": False,
+}
+
+_BACKGROUND_COMMAND_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "action": {
+            "type": "string",
+            "enum": list(_BACKGROUND_ACTIONS),
+            "default": "start",
+            "description": "start (the default), output, stop or list.",
+        },
+        "command": {"type": "string", "minLength": 1, "description": "start: the shell command line."},
+        "cwd": {
+            "type": "string",
+            "description": "start: working folder, relative to the workspace. Default: the workspace.",
+        },
+        "id": {"type": "string", "description": "output, stop: the id start returned."},
+    },
     "additionalProperties": False,
 }

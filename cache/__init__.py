@@ -1,18 +1,23 @@
-"""threepass's result cache: the `ResultCache` seam, its policy, and the stores behind it."""
+"""threepass's result cache: the `ResultCache` seam, its policy, and the stores behind it;
+and the error stores behind the `ErrorStore` seam."""
 
 from ._disk import DEFAULT_SIZE_LIMIT, DiskResultCache, default_cache_dir
+from ._errors import DEFAULT_MAX_RECORDS, DiskErrorStore, MemoryErrorStore
 from ._memory import MemoryResultCache
 from ._policy import DEFAULT_TTL, CachePolicy, carries_credentials, resources_overlap
 from ._protocol import CacheEntry, CacheStatistics, CacheWrite, ResultCache
 
 __all__ = [
+    "DEFAULT_MAX_RECORDS",
     "DEFAULT_SIZE_LIMIT",
     "DEFAULT_TTL",
     "CacheEntry",
     "CachePolicy",
     "CacheStatistics",
     "CacheWrite",
+    "DiskErrorStore",
     "DiskResultCache",
+    "MemoryErrorStore",
     "MemoryResultCache",
     "ResultCache",
     "carries_credentials",

@@ -18,7 +18,7 @@ from ._process import ProcessContext
 from ._recording import Divergence, ReplayReport, replay
 from ._registry import Registry, Tool
 from ._scripted import ScriptedRunner
-from ._seams import CacheEntry, CacheStatistics, CacheWrite, ResultCache, ToolRunner
+from ._seams import CacheEntry, CacheStatistics, CacheWrite, ErrorRecord, ErrorStore, ResultCache, ToolRunner
 from ._session import Session, SessionStatistics
 from ._types import (
     Allow,
@@ -49,6 +49,8 @@ __all__ = [
     "Dispatcher",
     "DispatcherStatistics",
     "Divergence",
+    "ErrorRecord",
+    "ErrorStore",
     "HistoryEntry",
     "HookBlocked",
     "Interrupt",

@@ -2,9 +2,10 @@
 
 Synchronous and sans-IO: `commit` reads the plan and what ran, and returns the effects
 as values (results, history rows, schemas loaded, approvals spent, invalidations,
-dedupe entries, cache writes, events). `land` applies the ones that stay in the
-session's memory; the session awaits the store's and writes the recording. Nothing here
-touches the event loop, a store or the disk.
+dedupe entries, cache writes, events, failures to remember). A failure of a call that ran
+is finished here: hint lines, a `next:` line, and what the error store knew of it. `land`
+applies the ones that stay in the session's memory; the session awaits the store's and
+writes the recording. Nothing here touches the event loop, a store or the disk.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from collections.abc import Collection, Mapping
 
 import attrs
 
+from ._errors import MAX_ERRORS_PER_BATCH, FailureNotes, note_failure
 from ._history import History
 from ._plan import DedupeEntry, FinishedCall, Plan, PlannedCall, PlannerState, _served_again
 from ._policy import resources_overlap
-from ._seams import CacheWrite
+from ._seams import CacheWrite, ErrorRecord
 from ._types import Status, ToolResult, ToolResultEvent
 
 __all__ = ["CommitEffects", "commit", "forget_overlapping", "land"]
@@ -43,6 +45,8 @@ class CommitEffects:
     """A batch cut short: the calls that finished (ran, or answered), kept for its resume."""
     consumed: tuple[str, ...] = ()
     """A batch that completed: the kept calls it served, no longer needed."""
+    errors: tuple[ErrorRecord, ...] = ()
+    """The failures of calls that ran, one per signature (counted), for the error store."""
 
 
 def forget_overlapping(remember: dict[str, DedupeEntry], writes: frozenset[str]) -> None:
@@ -63,6 +67,7 @@ def commit(
     round: int,
     session_id: str,
     want_events: bool,
+    failures: FailureNotes | None = None,
 ) -> CommitEffects:
     """Land a batch: `executed` holds the results of the calls that ran (by index), and
     `started` the calls whose handler began (a writer that began but never answered may
@@ -73,7 +78,9 @@ def commit(
     too much to say, anything): a read of it is returned, but neither remembered nor
     cached. `cut`: the batch was cut short (run control from pass 2, a cancellation):
     what finished is kept, so that dispatching the batch again serves it instead of
-    running it twice. Returns the effects; changes nothing itself."""
+    running it twice. `failures`: what the session knows for finishing the failures of
+    calls that ran (None: they are left as pass 2 made them). Returns the effects;
+    changes nothing itself."""
     results: list[ToolResult | None] = []
     history: list[tuple[PlannedCall, ToolResult]] = []
     loaded: list[str] = []
@@ -81,6 +88,7 @@ def commit(
     invalidated: set[str] = set()
     remember: dict[str, DedupeEntry] = {}
     cache_writes: list[CacheWrite] = []
+    errors: dict[str, ErrorRecord] = {}
     for planned in plan.calls:
         ran = planned.index in executed
         if planned.outcome is not None:
@@ -90,6 +98,10 @@ def commit(
             result = None if led is None else _served_again(led, planned.call_id)
         else:
             result = executed.get(planned.index)
+            if failures is not None and result is not None and result.status is not Status.ok:
+                result, record = note_failure(result, planned.args, failures)
+                if record is not None:
+                    _count(errors, record)
         results.append(result)
         writes = planned.writes
         if result is None:
@@ -151,7 +163,18 @@ def commit(
         events=events,
         finished=finished,
         consumed=consumed,
+        errors=tuple(errors.values()),
     )
+
+
+def _count(errors: dict[str, ErrorRecord], record: ErrorRecord) -> None:
+    """One record per signature, counting repeats; at most MAX_ERRORS_PER_BATCH of them."""
+    seen = errors.get(record.signature)
+    if seen is not None:
+        last = max(seen.last_seen, record.last_seen)
+        errors[record.signature] = attrs.evolve(seen, count=seen.count + 1, last_seen=last)
+    elif len(errors) < MAX_ERRORS_PER_BATCH:
+        errors[record.signature] = record
 
 
 def land(effects: CommitEffects, state: PlannerState, history: History, *, run_id: int, round: int) -> None:

@@ -23,7 +23,7 @@ from ._history import DEFAULT_HISTORY_LIMIT
 from ._plan import DEFAULT_MAX_ARGUMENT_BYTES
 from ._registry import Registry
 from ._results import DEFAULT_MAX_OUTPUT_BYTES
-from ._seams import ResultCache, ToolRunner
+from ._seams import ErrorStore, ResultCache, ToolRunner
 from ._session import Session
 from ._types import Allow, Answer, BatchEvent, Deny, ToolCall, ToolResult
 from ._watch import DEFAULT_BLOCK_THRESHOLD, DispatcherStatistics, Watch
@@ -54,10 +54,12 @@ def default_limit() -> int:
 class Dispatcher:
     """Executes tool calls for many sessions.
 
-    `cache` is the result store (None: no result cache). `max_concurrent` bounds the calls
-    running at once across every session (default: half the cores, at least 3). `gate` is
-    asked about calls that need confirmation; without one, every call runs. `runner`
-    answers calls instead of their handlers (a `ScriptedRunner`, for tests and dry runs).
+    `cache` is the result store (None: no result cache). `error_store` remembers every
+    failure of a call that ran, across sessions (None: nothing is remembered).
+    `max_concurrent` bounds the calls running at once across every session (default: half
+    the cores, at least 3). `gate` is asked about calls that need confirmation; without
+    one, every call runs. `runner` answers calls instead of their handlers (a
+    `ScriptedRunner`, for tests and dry runs).
 
     The dispatcher holds its sessions until they close (`Session.close()`, or `async with
     d.session(...)`). For a long-lived server, `max_idle_sessions` bounds how many idle
@@ -94,6 +96,7 @@ class Dispatcher:
         idle_timeout: float | None = None,
         queue_limit: float | None = None,
         block_threshold: float = DEFAULT_BLOCK_THRESHOLD,
+        error_store: ErrorStore | None = None,
     ) -> None:
         if not isinstance(registry, Registry):
             raise TypeError(f"expected a Registry, got {registry!r}")
@@ -109,6 +112,7 @@ class Dispatcher:
         self.registry = registry
         self.core_registry = core_registry()
         self.cache = cache
+        self.error_store = error_store
         self.gate = gate
         self.rewriters = tuple(rewriters)
         self.hook_set = HookSet.of(hooks)

@@ -8,6 +8,7 @@
     ToolRunner    (call, ctx) -> content | ToolResult          stands in for running handlers
     ResultCache   async get_many / set_many / invalidate / epoch / moved_since / clear /
                   statistics
+    ErrorStore    async lookup / record_many / resolve / search      failures remembered
 
 Gates, rewriters, hooks, subscribers and handlers may be sync or async. The result
 store is async, so that a store across the network fits it; pass 1 and pass 3 never
@@ -30,6 +31,8 @@ __all__ = [
     "CacheEntry",
     "CacheStatistics",
     "CacheWrite",
+    "ErrorRecord",
+    "ErrorStore",
     "Gate",
     "Handler",
     "Hook",
@@ -153,3 +156,66 @@ class ResultCache(Protocol):
     async def clear(self) -> None: ...
 
     async def statistics(self) -> CacheStatistics: ...
+
+
+@attrs.frozen
+class ErrorRecord:
+    """One remembered failure: which tool, its signature (16 hex digits of the normalised
+    error), the arguments' shape (keys and JSON types, never values), the first and last
+    time it was seen (wall-clock seconds), how often, the error's first line (redacted,
+    bounded) and the resolution written for it, if any."""
+
+    tool: str
+    signature: str
+    shape: tuple[tuple[str, str], ...] = ()
+    error: str = ""
+    first_seen: float = 0.0
+    last_seen: float = 0.0
+    count: int = 1
+    resolution: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tool": self.tool,
+            "signature": self.signature,
+            "shape": dict(self.shape),
+            "error": self.error,
+            "first_seen": self.first_seen,
+            "last_seen": self.last_seen,
+            "count": self.count,
+            "resolution": self.resolution,
+        }
+
+
+@runtime_checkable
+class ErrorStore(Protocol):
+    """Failures remembered across sessions and processes, keyed by signature.
+
+    Pass 3 never calls it: the session looks a batch's signatures up before commit and
+    records what commit returns (`CommitEffects.errors`) after; a store's fault is logged,
+    never a call's failure. A store keeps its own clock for records stamped 0."""
+
+    async def lookup(self, signatures: Sequence[str]) -> dict[str, ErrorRecord]:
+        """The records among `signatures` (unknown ones left out)."""
+        ...
+
+    async def record_many(self, records: Sequence[ErrorRecord]) -> None:
+        """Count each record's occurrences under its signature (made on first sight), keeping
+        only the most recently seen signatures past the store's bound."""
+        ...
+
+    async def resolve(self, signature: str, resolution: str | None) -> ErrorRecord | None:
+        """Write (None: clear) the resolution of `signature`; its record, or None if unknown."""
+        ...
+
+    async def search(
+        self,
+        *,
+        tool: str | None = None,
+        text: str | None = None,
+        signature: str | None = None,
+        limit: int = 20,
+    ) -> list[ErrorRecord]:
+        """The records matching every filter given (`text`: in the error or the resolution,
+        case-folded), most recently seen first."""
+        ...

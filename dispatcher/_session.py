@@ -21,6 +21,7 @@ import anyio.to_thread
 import attrs
 
 from ._commit import CommitEffects, commit, forget_overlapping, land
+from ._errors import SECRET_STORE_KEY, FailureNotes, needs_note, signatures_of
 from ._exceptions import DispatchInterrupted, HookBlocked
 from ._execute import Executor, ToolRunner, _maybe_await
 from ._history import DEFAULT_HISTORY_LIMIT, History
@@ -30,7 +31,7 @@ from ._providers import core_names, request_tools, tool_index, tool_messages
 from ._registry import Tool
 from ._results import describe, shown
 from ._rewrite import rewrite
-from ._seams import CacheEntry
+from ._seams import CacheEntry, ErrorRecord, ErrorStore
 from ._seams import ToolRunner as PublicRunner
 from ._types import (
     Allow,
@@ -131,6 +132,11 @@ class Session:
         self._deadline = deadline
         self._planner_state.dedupe.clear()
         self._planner_state.finished.clear()
+
+    @property
+    def error_store(self) -> ErrorStore | None:
+        """The dispatcher's error memory (what `error_history` and `write_error` reach), or None."""
+        return self.dispatcher.error_store
 
     @property
     def run_id(self) -> int:
@@ -388,6 +394,7 @@ class Session:
             moved = d._written_since(since)
             if store_since is not None and moved is not None:
                 moved = await self._store_moved(store_since, moved)
+            failures = await self._failure_notes(plan, executor.results)
             effects = commit(
                 plan,
                 executor.results,
@@ -399,13 +406,16 @@ class Session:
                 round=self._round,
                 session_id=self.id,
                 want_events=want_events,
+                failures=failures,
             )
             self._executed += len(executor.started)
             land(effects, self._planner_state, self.history, run_id=self._run_id, round=self._round)
             if effects.invalidations:
                 d._moved(effects.invalidations, by=self)
-            if (store is not None and (effects.invalidations or effects.cache_writes)) or (
-                self.recorder is not None
+            if (
+                (store is not None and (effects.invalidations or effects.cache_writes))
+                or (effects.errors and d.error_store is not None)
+                or self.recorder is not None
             ):
                 # shielded: a batch cut short by cancellation still lands what finished
                 with anyio.CancelScope(shield=True):
@@ -465,6 +475,30 @@ class Session:
                 return None
         return None if elsewhere is None else moved | elsewhere
 
+    async def _failure_notes(self, plan: Plan, ran: Mapping[int, ToolResult]) -> FailureNotes:
+        """What pass 3 needs to finish the failures of calls that ran: which hints apply, and
+        what the error store knows of their signatures. Shielded, like the rest of pass 3; a
+        store's fault leaves them unknown."""
+        d = self.dispatcher
+        store = d.error_store
+        notes = FailureNotes(
+            remembering=store is not None,
+            write_error=store is not None and "write_error" in d.registry,
+            store_secret="store_secret" in d.registry and callable(self.state.get(SECRET_STORE_KEY)),
+        )
+        if store is None or not any(needs_note(r) for r in ran.values()):
+            return notes
+        wanted = signatures_of((r, plan.calls[i].args) for i, r in ran.items())
+        with anyio.CancelScope(shield=True):
+            try:
+                found = await store.lookup(wanted)
+            except Exception:
+                log.warning("error store lookup failed; failures shown as new", exc_info=True)
+                return notes
+        if not isinstance(found, Mapping):
+            return notes
+        return attrs.evolve(notes, known={k: v for k, v in found.items() if isinstance(v, ErrorRecord)})
+
     async def _look_up(self, keys: Sequence[str]) -> Mapping[str, CacheEntry]:
         """The store's live entries among `keys`; a store's fault is a miss, never a failure."""
         store = self.dispatcher.cache
@@ -511,6 +545,12 @@ class Session:
                     sorted(effects.invalidations),
                     exc_info=True,
                 )
+        errors = self.dispatcher.error_store
+        if errors is not None and effects.errors:
+            try:
+                await errors.record_many(effects.errors)
+            except Exception:
+                log.warning("error store failed to record %d failure(s)", len(effects.errors), exc_info=True)
         recorder = self.recorder
         if recorder is not None:
             results = effects.results

@@ -15,6 +15,7 @@ import attrs
 
 if TYPE_CHECKING:
     from ._registry import Tool
+    from ._seams import ErrorStore
 
 __all__ = [
     "PROVIDERS",
@@ -314,6 +315,9 @@ class ContextHost(Protocol):
 
     def on_close(self, fn: Callable[[], Any]) -> None: ...
 
+    @property
+    def error_store(self) -> ErrorStore | None: ...
+
 
 @attrs.frozen
 class ToolContext:
@@ -358,6 +362,11 @@ class ToolContext:
         if self._host is None:
             raise RuntimeError(f"call {self.call_id!r} has no session to clean up after")
         self._host.on_close(fn)
+
+    @property
+    def errors(self) -> ErrorStore | None:
+        """The session's error memory (failures remembered across sessions), or None."""
+        return None if self._host is None else self._host.error_store
 
     async def invoke(self, name: str, args: Mapping[str, Any] | None = None) -> ToolResult:
         """Call another tool from this handler, in the same session, through the same three

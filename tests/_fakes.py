@@ -25,6 +25,7 @@ class FakeSession:
         self.history: list[Any] = []
         self.loaded: list[str] = []
         self.cleanups: list[Any] = []
+        self.error_store: Any = None
 
     def load_tools(self, names: Any) -> list[str]:
         self.loaded.extend(names)

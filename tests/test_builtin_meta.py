@@ -220,6 +220,7 @@ def test_core_tools_are_the_non_deferred_builtins(ws: Path) -> None:
     assert core_tool_names() == [t.name for t in reg if not t.deferred]
     assert core_tool_names() == [
         "reasoning_guide", "write_todo", "chat_history", "ask_user", "write_result",
+        "error_history", "write_error", "store_secret",
     ]  # fmt: skip
 
 
@@ -227,7 +228,7 @@ def test_meta_tool_flags(ws: Path) -> None:
     """Concurrency and declared writes match the design; stateful tools are never deduped."""
     reg = default_registry(ws, include=["meta"])
     assert {t.name for t in reg if t.concurrent is True} == {
-        "reasoning_guide", "write_todo", "chat_history",
+        "reasoning_guide", "write_todo", "chat_history", "error_history", "write_error",
     }  # fmt: skip
     todo, history, result = reg.get("write_todo"), reg.get("chat_history"), reg.get("write_result")
     assert todo.writes is not None and todo.writes({"todos": []}) == {"state:todo"}

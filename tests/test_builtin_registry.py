@@ -17,9 +17,10 @@ from ._system import require_program
 
 ALL_TOOLS = [
     "read_files", "find_files", "edit_file", "remove_file", "restore_file", "file_history",
-    "run_command",
+    "run_command", "background_command",
     "fetch_page", "search_web", "http_request", "download_file",
     "reasoning_guide", "write_todo", "chat_history", "ask_user", "write_result",
+    "error_history", "write_error", "store_secret",
     "calculate",
 ]  # fmt: skip
 
@@ -43,7 +44,7 @@ def test_include_takes_groups_and_names(ws: Path) -> None:
     """`include` selects whole groups and single tools; an unknown name is an error."""
     reg = default_registry(ws, include=["meta", "calculate", "read_files"])
     assert reg.names() == ["read_files", *core_tool_names(), "calculate"]
-    assert default_registry(ws, include="shell").names() == ["run_command"]
+    assert default_registry(ws, include="shell").names() == ["run_command", "background_command"]
     with pytest.raises(ValueError, match="'edit_files'"):
         default_registry(ws, include=["edit_files"])
 

@@ -33,13 +33,16 @@ def test_public_names() -> None:
     """cache exports exactly its public names."""
     assert sorted(cache.__all__) == sorted(
         [
+            "DEFAULT_MAX_RECORDS",
             "DEFAULT_SIZE_LIMIT",
             "DEFAULT_TTL",
             "CacheEntry",
             "CachePolicy",
             "CacheStatistics",
             "CacheWrite",
+            "DiskErrorStore",
             "DiskResultCache",
+            "MemoryErrorStore",
             "MemoryResultCache",
             "ResultCache",
             "carries_credentials",

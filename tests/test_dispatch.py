@@ -47,6 +47,8 @@ def test_public_names_are_exactly_the_surface() -> None:
         "Dispatcher",
         "DispatcherStatistics",
         "Divergence",
+        "ErrorRecord",
+        "ErrorStore",
         "HistoryEntry",
         "HookBlocked",
         "Interrupt",
@@ -344,7 +346,7 @@ async def test_tool_error_says_whether_a_retry_helps() -> None:
     reg = Registry([Tool("refuse", "r", refuse, deferred=False, writes=lambda a: {"file:/x"})])
     [r] = await Dispatcher(reg).session().dispatch([call("1", "refuse")])
     assert r.status is Status.failed and not r.retryable and r.effect_uncertain
-    assert json.loads(r.content)["error"] == "quota exhausted"
+    assert json.loads(r.content.splitlines()[0])["error"] == "quota exhausted"
 
 
 async def test_read_edit_read_in_one_batch_sees_the_edit() -> None:

@@ -607,7 +607,9 @@ class KernelMachine(RuleBasedStateMachine):
     def _resume(self, name: str, data: st.DataObject) -> None:
         calls, decisions, pending = self.last[name]
         decisions = dict(decisions)
-        by_id = {c.id: c for c in calls}
+        by_id: dict[str, ToolCall] = {}
+        for c in calls:  # a repeated id names the first call that carries it, as the kernel reads it
+            by_id.setdefault(c.id, c)
         for call_id in pending:
             asks = by_id[call_id].name in ("ask", "block")
             choices: tuple[str | None, ...] = ("answer", "deny", None) if asks else ("allow", "deny", None)

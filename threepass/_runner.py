@@ -54,15 +54,19 @@ __all__ = [
     "tool_calls_of",
 ]
 
-CUT_CONTENT = json.dumps(
-    {
-        "error": "cancelled: the run was interrupted before this call finished",
-        "status": "failed",
-        "retryable": True,
-        "effect_uncertain": True,
-    }
+CUT_CONTENT = (
+    json.dumps(
+        {
+            "error": "cancelled: the run was interrupted before this call finished",
+            "status": "failed",
+            "retryable": True,
+            "effect_uncertain": True,
+        }
+    )
+    + "\nnext: check what the call may have done before you run it again"
 )
-"""The result recorded for a call a Ctrl-C cut off: it may have had an effect."""
+"""The result recorded for a call a Ctrl-C cut off: it may have had an effect. It ends with
+its `next:` line, as every failure does, so replay serves it as recorded."""
 
 _STRICT_OK = frozenset({Status.ok.value, Status.schema_required.value})
 
