@@ -128,7 +128,7 @@ def test_overhead_alternates_blocks_and_survives_a_failing_system() -> None:
 
 
 def test_the_floors_section_measures_every_workload_and_says_each_goal() -> None:
-    """bench/floors.py's quick run: a row per workload and batch, a replay that matched, a verdict per goal."""
+    """bench/floors.py on its quick path: a row per workload and batch, a replay, a verdict per goal."""
     import trio
 
     from bench import floors
