@@ -536,8 +536,9 @@ class Session:
             results = effects.results
             control = executor.control.first()
             run_id, round_ = self._run_id, self._round
-            await anyio.to_thread.run_sync(
-                lambda: recorder.record_batch(
+
+            def record() -> None:
+                recorder.record_batch(
                     run_id=run_id,
                     round=round_,
                     calls=calls,
@@ -547,7 +548,13 @@ class Session:
                     control=control,
                     all_loaded=all_loaded,
                 )
-            )
+
+            if recorder.fsync:  # waiting for the disk: off the loop
+                await anyio.to_thread.run_sync(record)
+            else:
+                # one write to a file kept open: the page cache takes it at once, sooner
+                # than a worker thread could be handed the job
+                record()
 
     async def _gate(
         self,

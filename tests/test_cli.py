@@ -48,9 +48,11 @@ def test_replay_of_a_tampered_recording_fails(tmp_path: Path) -> None:
     """A tampered result is named by its line (the hash chain breaks there); exit 1."""
     rec = tmp_path / "session.jsonl"
     run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache")
-    records = [json.loads(line) for line in rec.read_text().splitlines()]
-    records[2]["results"][1]["content"] = "tampered"
-    rec.write_text("".join(json.dumps(r) + "\n" for r in records))
+    lines = rec.read_text().splitlines()
+    tampered = json.loads(lines[2])
+    tampered["results"][1]["content"] = "tampered"
+    lines[2] = json.dumps(tampered)  # that line alone rewritten; the others keep their bytes
+    rec.write_text("".join(line + "\n" for line in lines))
     code, text = run_cli("replay", str(rec))
     assert code == 1
     assert "problem: line 3: edited (its hash does not match the next record's prev)\n" in text
