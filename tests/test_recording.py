@@ -756,3 +756,7 @@ async def test_fsync_is_an_option(tmp_path: Path, monkeypatch: Any) -> None:
         recorder._append({"type": "batch"})
         recorder.close()
     assert len(synced) == 2
+    s = Dispatcher(registry).session("synced", record=tmp_path / "s.jsonl", record_fsync=True)
+    await s.dispatch([call("1", "echo", text="x")])
+    s.close()
+    assert len(synced) == 3
