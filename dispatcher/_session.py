@@ -512,7 +512,8 @@ class Session:
         store_since: int | None = None,
     ) -> None:
         """The effects that leave the process: the store's invalidations, then its writes,
-        then the recording, in a worker thread. A store's fault is logged, never raised."""
+        then the recording (one write to its open file; in a worker thread when each batch
+        is synced to the disk). A store's fault is logged, never raised."""
         store = self.dispatcher.cache
         if store is not None:
             if effects.invalidations:
