@@ -373,7 +373,6 @@ class Recorder:
         self._fd: int | None = None  # open for the session, between batches too
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file open
         self._closer: weakref.finalize[Any, Any] | None = None
-        self._pending: list[bytes] = []  # the lines `_open` found must come first (a header)
 
     def close(self) -> None:
         """The session is closing: close the file (a recorder dropped unclosed closes it
@@ -407,8 +406,9 @@ class Recorder:
         self._prev = line_hash(last)
         return []
 
-    def _open(self) -> int:
-        """The file, open for appending. A file deleted or replaced since the last batch is
+    def _open(self) -> tuple[int, list[bytes]]:
+        """The file, open for appending, and the lines that must come before the next record
+        (a header, for a new file). A file deleted or replaced since the last batch is
         noticed (one stat a batch) and the recording goes on in a new one at that path,
         beginning with a header: what was written before is gone with the old file, and
         a chain that went on from it would only be reported broken."""
@@ -420,7 +420,7 @@ class Recorder:
             except FileNotFoundError:
                 same = False
             if same:
-                return fd
+                return fd, []
             log.warning("the recording %s was removed or replaced; it starts again with a header", self.path)
             self.close()
             self._seq = None
@@ -431,8 +431,7 @@ class Recorder:
         self._closer = weakref.finalize(self, os.close, fd)
         st = os.fstat(fd)
         self._fd, self._identity = fd, (st.st_dev, st.st_ino)
-        self._pending = lines
-        return fd
+        return fd, lines
 
     def _append(self, record: Mapping[str, Any]) -> None:
         """Append one record, numbered and chained, with one `write`. A write that fails (a
@@ -442,9 +441,7 @@ class Recorder:
         if self.problem is not None:
             return
         try:
-            self._pending = []
-            fd = self._open()
-            lines = self._pending
+            fd, lines = self._open()
             assert self._seq is not None
             seq = self._seq + 1
             encoded = encode_line({**record, "seq": seq, "prev": self._prev})
