@@ -343,6 +343,8 @@ def credential_values(args: Mapping[str, Any]) -> frozenset[str]:
 def redact_text(text: str, secrets: Iterable[str]) -> str:
     """`text` with each occurrence of a secret of `MIN_ECHO_LENGTH` characters or more
     replaced by the secret's marker, longest secrets first."""
+    if not secrets:
+        return text
     for secret in sorted((s for s in secrets if len(s) >= MIN_ECHO_LENGTH), key=len, reverse=True):
         if secret in text:
             text = text.replace(secret, redact(secret))

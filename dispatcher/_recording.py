@@ -371,7 +371,6 @@ class Recorder:
         self.problem: Exception | None = None
         self.fsync = fsync
         self._fd: int | None = None  # open for the session, between batches too
-        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file open
         self._closer: weakref.finalize[Any, Any] | None = None
 
     def close(self) -> None:
@@ -379,7 +378,7 @@ class Recorder:
         when it is collected)."""
         if self._closer is not None:
             self._closer()
-        self._fd = self._identity = self._closer = None
+        self._fd = self._closer = None
 
     def set_meta(self, **meta: Any) -> None:
         self._header["meta"].update(meta)
@@ -409,17 +408,12 @@ class Recorder:
     def _open(self) -> tuple[int, list[bytes]]:
         """The file, open for appending, and the lines that must come before the next record
         (a header, for a new file). A file deleted or replaced since the last batch is
-        noticed (one stat a batch) and the recording goes on in a new one at that path,
+        noticed (one fstat a batch) and the recording goes on in a new one at that path,
         beginning with a header: what was written before is gone with the old file, and
         a chain that went on from it would only be reported broken."""
         fd = self._fd
         if fd is not None:
-            try:
-                st = os.stat(self.path)
-                same = (st.st_dev, st.st_ino) == self._identity
-            except FileNotFoundError:
-                same = False
-            if same:
+            if os.fstat(fd).st_nlink:  # still named (a file renamed over it unlinks it)
                 return fd, []
             log.warning("the recording %s was removed or replaced; it starts again with a header", self.path)
             self.close()
@@ -429,8 +423,7 @@ class Recorder:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
         fd = os.open(self.path, flags, _PRIVATE_FILE)
         self._closer = weakref.finalize(self, os.close, fd)
-        st = os.fstat(fd)
-        self._fd, self._identity = fd, (st.st_dev, st.st_ino)
+        self._fd = fd
         return fd, lines
 
     def _append(self, record: Mapping[str, Any]) -> None:

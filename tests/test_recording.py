@@ -760,3 +760,17 @@ async def test_fsync_is_an_option(tmp_path: Path, monkeypatch: Any) -> None:
     await s.dispatch([call("1", "echo", text="x")])
     s.close()
     assert len(synced) == 3
+
+
+async def test_a_recording_replaced_between_batches_goes_on_in_the_new_file(tmp_path: Path) -> None:
+    """A file renamed over the recording: the next batch is written to the file now at the path."""
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(fake_registry(Counter(), {})).session("swapped", record=path)
+    await s.dispatch([call("1", "echo", text="a")])
+    (tmp_path / "new.jsonl").write_text("")
+    os.replace(tmp_path / "new.jsonl", path)
+    await s.dispatch([call("2", "echo", text="b")])
+    s.close()
+    records = _records(path)
+    assert [r["type"] for r in records] == ["header", "batch"]
+    assert records[1]["calls"][0]["id"] == "2"
