@@ -69,6 +69,7 @@ OVERHEAD_BLOCKS = 5
 #: The goals of the issue that asked for this harness.
 TOOLNODE_GOAL = 8.0
 TOOLNODE_FAR_GOAL = 25.0  # issue 11: what threepass at 8x the physical floor comes to
+CACHE_HIT_GOAL = 2.0  # issue 11: a disk-cache hit at most this times a dedupe hit
 REPEATS_GOAL = 0
 ASYNCIO_GOAL = 1.3  # threepass on asyncio per call, at most this times its figure on trio
 
@@ -407,6 +408,16 @@ def goals(report: Mapping[str, Any]) -> list[Goal]:
         ratio = toolnode_us / threepass_us
         target = f"at least {TOOLNODE_FAR_GOAL:.0f}x"
         found.append(Goal(label, f"{ratio:.1f}x", target, ratio >= TOOLNODE_FAR_GOAL))
+    if costs is not None:
+        ratios = [costs["dedupe_cache"][f"cache_ratio_batch{size}"] for size in (1, 100)]
+        found.append(
+            Goal(
+                "a disk-cache hit / a dedupe hit per call, batch 1 / batch 100 (issue 11)",
+                " / ".join(f"{r:.2f}x" for r in ratios),
+                f"at most {CACHE_HIT_GOAL:.0f}x",
+                max(ratios) <= CACHE_HIT_GOAL,
+            )
+        )
     if report.get("floors") is not None:
         found += floors.goals(report["floors"])
     return found
