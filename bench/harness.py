@@ -39,7 +39,7 @@ import trio
 
 from dispatcher import default_limit
 
-from . import dispatch_costs
+from . import dispatch_costs, floors
 from .peers import PEERS, PeerClass, missing_reason, versions
 from .sections import kept_sections
 from .threepass_runner import ThreepassAsyncioRunner, ThreepassRunner
@@ -68,6 +68,8 @@ OVERHEAD_BLOCKS = 5
 
 #: The goals of the issue that asked for this harness.
 TOOLNODE_GOAL = 8.0
+TOOLNODE_FAR_GOAL = 25.0  # issue 11: what threepass at 8x the physical floor comes to
+CACHE_HIT_GOAL = 2.0  # issue 11: a disk-cache hit at most this times a dedupe hit
 REPEATS_GOAL = 0
 ASYNCIO_GOAL = 1.3  # threepass on asyncio per call, at most this times its figure on trio
 
@@ -81,6 +83,7 @@ class Plan:
     limits: Sequence[int] = (3, 8)
     memory: bool = True
     costs: bool = True
+    floors: bool = True
 
 
 # --------------------------------------------------------------------------- collecting
@@ -243,6 +246,13 @@ def collect(plan: Plan, progress: Callable[[str], object] = lambda line: None) -
         costs_started = time.perf_counter()
         report["costs"] = trio.run(dispatch_costs.measure, plan.quick)
         progress(f"interleaved figures: ok ({time.perf_counter() - costs_started:.1f} s)")
+    report["floors"] = None
+    if plan.floors:
+        progress("threepass against the lean and physical floors, recording, replay (bench/floors.py)...")
+        gc.collect()
+        floors_started = time.perf_counter()
+        report["floors"] = trio.run(floors.measure, plan.quick)
+        progress(f"floors: ok ({time.perf_counter() - floors_started:.1f} s)")
     for peer in plan.peers:
         step(peer.name, functools.partial(_measure_peer, peer, plan))
     _overhead(systems, plan, progress)
@@ -391,6 +401,25 @@ def goals(report: Mapping[str, Any]) -> list[Goal]:
         found.append(Goal(label, f"{ratio:.2f}x", f"at most {ASYNCIO_GOAL}x", ratio <= ASYNCIO_GOAL))
     if costs is not None:
         found += dispatch_costs.cost_goals(costs)
+    label = "per call at batch 100, LangGraph ToolNode over threepass (issue 11)"
+    if toolnode_us is None or not threepass_us:
+        found.append(Goal.not_measured(label, f"at least {TOOLNODE_FAR_GOAL:.0f}x", "langgraph not measured"))
+    else:
+        ratio = toolnode_us / threepass_us
+        target = f"at least {TOOLNODE_FAR_GOAL:.0f}x"
+        found.append(Goal(label, f"{ratio:.1f}x", target, ratio >= TOOLNODE_FAR_GOAL))
+    if costs is not None:
+        ratios = [costs["dedupe_cache"][f"cache_ratio_batch{size}"] for size in (1, 100)]
+        found.append(
+            Goal(
+                "a disk-cache hit / a dedupe hit per call, batch 1 / batch 100 (issue 11)",
+                " / ".join(f"{r:.2f}x" for r in ratios),
+                f"at most {CACHE_HIT_GOAL:.0f}x",
+                max(ratios) <= CACHE_HIT_GOAL,
+            )
+        )
+    if report.get("floors") is not None:
+        found += floors.goals(report["floors"])
     return found
 
 
@@ -486,6 +515,21 @@ def render_results(report: Mapping[str, Any], command: str) -> str:
             "alternate round by round; then a dedupe hit, a disk-cache hit, and 16 sleeps.",
             "",
             dispatch_costs.render(report["costs"]),
+            "",
+        ]
+    if report.get("floors") is not None:
+        lines += [
+            "## threepass against the lean and physical floors; recording and replay",
+            "",
+            "bench/floors.py, run inside the same command, on one trio loop: every system gets",
+            "the same batch of OpenAI-style calls, rounds alternating system by system. The lean",
+            "floor is json.loads, json.dumps(sort_keys=True), xxh3-128 and jsonschema's compiled",
+            "`is_valid`; the physical floor orjson.loads, orjson.dumps(OPT_SORT_KEYS), xxh3-128 and",
+            "jsonschema-rs `is_valid`; neither starts a task per call (each tool is awaited in",
+            "turn). The floor with tasks is the one in the table above. The realistic schema has",
+            "five properties, a nested object, an enum and required ones.",
+            "",
+            floors.render(report["floors"]),
             "",
         ]
     return "\n".join([*lines, _PROSE])

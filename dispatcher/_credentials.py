@@ -54,6 +54,7 @@ Nothing here does I/O. It imports the standard library and xxhash only; never `c
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -69,8 +70,10 @@ __all__ = [
     "is_credential_name",
     "is_credential_parameter",
     "is_marker",
+    "may_hold_credentials",
     "redact",
     "redact_arguments",
+    "redact_collecting",
     "redact_text",
     "url_credentials",
 ]
@@ -100,6 +103,7 @@ MIN_ECHO_LENGTH: Final = 6
 """Shorter secrets are not searched for in result text: they would match ordinary words."""
 
 
+@functools.lru_cache(maxsize=4096)  # argument names repeat call after call
 def is_credential_name(name: str) -> bool:
     """True if a header or argument named `name` holds a credential: a standard name, or
     one of its words is a secret's (`X-Api-Key`, `apiKey`, `Set-Cookie`), by whole words
@@ -126,6 +130,26 @@ def redact(value: str) -> str:
         return value
     digest = xxhash.xxh3_64_hexdigest(value.encode("utf-8", "surrogatepass"))
     return f"redacted.len-{len(value)}.xxh3-{digest}"
+
+
+# Any text a credential could be found in holds one of these, in lower case: a part of
+# every word and name above (tests/test_credentials.py checks that each holds one), a
+# URL, an escape or percent-encoding (either could spell a word in other letters), or
+# user info. Text without any of them holds no credential: it need not be walked.
+_MAY_HOLD: Final = (
+    "key", "token", "secret", "pass", "pwd", "sig", "auth", "credential", "session", "sid", "jwt",
+    "bearer", "cookie", "hmac", "otp", "dpop", "code", "://", "\\", "%", "@",
+)  # fmt: skip
+
+
+def may_hold_credentials(text: str) -> bool:
+    """False only if `text` (JSON of arguments, say) cannot hold anything the redactor
+    hides: then redacting what it encodes changes nothing and finds no secret."""
+    low = text.lower()
+    for part in _MAY_HOLD:  # noqa: SIM110 - a plain loop; any() over a generator costs twice as much
+        if part in low:
+            return True
+    return False
 
 
 def _query_pieces(query: str) -> list[tuple[str, str, str]]:
@@ -302,6 +326,13 @@ def redact_arguments(args: Mapping[str, Any]) -> dict[str, Any]:
     return _Redactor().mapping(args)
 
 
+def redact_collecting(args: Mapping[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:
+    """`redact_arguments(args)` and `credential_values(args)` from one walk."""
+    walker = _Redactor()
+    redacted = walker.mapping(args)
+    return redacted, frozenset(walker.secrets)
+
+
 def credential_values(args: Mapping[str, Any]) -> frozenset[str]:
     """The secrets `redact_arguments(args)` hides, with the forms a server may echo them in."""
     walker = _Redactor()
@@ -312,6 +343,8 @@ def credential_values(args: Mapping[str, Any]) -> frozenset[str]:
 def redact_text(text: str, secrets: Iterable[str]) -> str:
     """`text` with each occurrence of a secret of `MIN_ECHO_LENGTH` characters or more
     replaced by the secret's marker, longest secrets first."""
+    if not secrets:
+        return text
     for secret in sorted((s for s in secrets if len(s) >= MIN_ECHO_LENGTH), key=len, reverse=True):
         if secret in text:
             text = text.replace(secret, redact(secret))

@@ -206,10 +206,12 @@ class Dispatcher:
         mode: str = "deferred",
         core: Sequence[str] = (),
         record: str | os.PathLike[str] | None = None,
+        record_fsync: bool = False,
         history_limit: int | None = DEFAULT_HISTORY_LIMIT,
     ) -> Session:
         """The session named `session_id` (made on first use). `record` appends every batch to
-        that JSONL file. `core` names more tools whose schemas go in every request.
+        that JSONL file (`record_fsync`: each batch synced to the disk before the batch
+        returns). `core` names more tools whose schemas go in every request.
         `history_limit` is how many committed calls `Session.history` keeps (None: all)."""
         if session_id is None:
             session_id = f"s{next(self._unnamed)}"
@@ -223,7 +225,9 @@ class Dispatcher:
         if record is not None:
             from ._recording import Recorder
 
-            recorder = Recorder(Path(record), registry=self.registry, session_id=session_id, mode=mode)
+            recorder = Recorder(
+                Path(record), registry=self.registry, session_id=session_id, mode=mode, fsync=record_fsync
+            )
         session = Session(
             self, session_id, mode=mode, core=core, recorder=recorder, history_limit=history_limit
         )

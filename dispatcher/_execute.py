@@ -304,6 +304,10 @@ class Executor:
     async def _worker(self, todo: collections.deque[PlannedCall], slot: _Slot) -> None:
         running_on = _RUNNING_ON.set(_Holder(self._limiter))  # the slot a handler run here holds
         try:
+            if not slot.watched:  # no watchdog to cancel it: each call's own scope is its timeout
+                while todo:
+                    await self._run_call(todo.popleft(), slot)
+                return
             while True:
                 with self._p.cancel_scope() as scope:
                     slot.scope = scope
@@ -460,7 +464,8 @@ class Executor:
                 value = await self._start(planned, ctx, args, borrower, timeout)
                 slot.idle()
             else:
-                with self._p.move_on_after(timeout) as scope:
+                # a scope with a deadline: move_on_after is a generator-made wrapper of the same
+                with self._p.cancel_scope(deadline=self._now() + timeout) as scope:
                     value = await self._start(planned, ctx, args, borrower, timeout)
                 if scope.cancelled_caught:
                     return self._timed_out(planned, timeout, started, t0)

@@ -28,6 +28,7 @@ import attrs
 import xxhash
 
 from ._credentials import carries_credentials
+from ._fastcheck import fast_verdict
 from ._policy import resources_overlap
 from ._registry import RegisteredTool, Registry
 from ._results import describe, failure_result, normalize_output, safe_text, shown
@@ -203,6 +204,7 @@ class Draft:
     arrived_key: str | None = None  # the key of the arguments as the call arrived (before a gate)
     sent: Mapping[str, Any] | None = None  # as the model sent them (less `force`): validated
     sent_json: str | None = None  # ... and as history keeps them, immune to the handler
+    from_json: bool = False  # `args` came straight from JSON text (only JSON's types in them)
 
     def advance(self, step: str) -> None:
         if (self.step, step) not in _ALLOWED:
@@ -428,7 +430,8 @@ class Planner:
             return {}
         if not isinstance(raw, str):
             if isinstance(raw, Mapping):
-                return dict(raw)
+                return dict(raw)  # what it holds is as the caller made it: `from_json` stays
+
             self._fail(
                 d, Status.invalid_arguments, f"arguments must be a JSON object, got {type(raw).__name__}"
             )
@@ -463,6 +466,7 @@ class Planner:
                 hint="send the arguments as one JSON object",
             )
             return None
+        d.from_json = True
         return value
 
     def _unwrap_run_tool(self, d: Draft, args: dict[str, Any]) -> None:
@@ -490,6 +494,7 @@ class Planner:
     def apply_rewrite(self, d: Draft, tool_name: str, args: dict[str, Any]) -> None:
         d.name = tool_name
         d.args = args
+        d.from_json = False
 
     # -- 4..7: existence, deferred schemas, dedupe and cache, validation -----------
 
@@ -741,13 +746,21 @@ class Planner:
 
     def _validate(self, d: Draft, entry: RegisteredTool) -> bool:
         args = d.sent if d.sent is not None else (d.args or {})
+        fast = entry.fast
         try:
-            if entry.validator.is_valid(args):
+            # jsonschema-rs decides where it is sure to agree; jsonschema is the authority,
+            # asked whenever the fast one refuses (and a call it finds no error in is valid)
+            verdict = None
+            if fast is not None:
+                verdict = fast_verdict(fast, args, from_json=d.from_json, canonical=d.sent_json)
+            if verdict or (verdict is None and entry.validator.is_valid(args)):
                 return True
             errors = _schema_errors(entry, args)
         except RecursionError:  # the validator recurses in Python, far sooner than json does
             self._fail(d, Status.invalid_arguments, "arguments nest too deeply to check against the schema")
             return False
+        if not errors:
+            return True
         required = entry.tool.parameters.get("required", [])
         self._fail(
             d,
@@ -804,6 +817,7 @@ class Planner:
             return
         before = d.writes
         d.args = dict(decision.args)
+        d.from_json = False
         d.force = False
         key_before = d.key
         self._check(d, PATHS["allow"])

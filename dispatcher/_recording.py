@@ -38,15 +38,18 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import orjson
 import xxhash
 
-from ._credentials import credential_values, redact_arguments, redact_text
+from ._credentials import may_hold_credentials, redact_collecting, redact_text
 from ._exceptions import DispatchInterrupted, HookBlocked
 from ._plan import FIND_TOOLS, Plan, PlannedCall, call_key, canonical_json
 from ._registry import Registry
@@ -64,6 +67,45 @@ _PRIVATE_FILE = 0o600
 _OPAQUE = "$opaque"  # the tag of a value JSON cannot hold, in a record marked "opaque"
 
 log = logging.getLogger("threepass.recording")
+# what json.dumps(default=str) would turn into text, orjson is told to hand to `default` too
+_ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+
+
+def _finite(value: Any) -> bool:
+    """No NaN or infinity anywhere in `value` (orjson would write them as null), and no
+    subclass of float (json writes its number, orjson would hand it to `default`)."""
+    if isinstance(value, float):
+        return type(value) is float and math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
+
+
+def _calls_finite(calls: Any) -> bool:
+    """`_finite(calls)`, quick over calls whose arguments are JSON text (no float in them)."""
+    if not isinstance(calls, list):
+        return _finite(calls)
+    for call in calls:
+        if type(call) is dict and len(call) == 3 and type(call.get("arguments")) is str:
+            continue  # id, name and text
+        if not _finite(call):
+            return False
+    return True
+
+
+def encode_line(record: Mapping[str, Any]) -> bytes:
+    """One record as one line of JSON, the same bytes for the same record: orjson (UTF-8)
+    where it can hold the record; where it refuses (a lone surrogate, an integer past 64
+    bits) or would change it (NaN, infinity), json with every non-ASCII character escaped,
+    so a lone surrogate is kept as "\\ud800", readable back exactly."""
+    try:
+        if _calls_finite(record.get("calls")) and _finite(record.get("decisions")):
+            return orjson.dumps(record, default=str, option=_ORJSON_OPTIONS)
+    except (TypeError, orjson.JSONEncodeError):
+        pass
+    return json.dumps(record, ensure_ascii=True, default=str).encode()
 
 
 def line_hash(line: bytes) -> str:
@@ -172,6 +214,8 @@ def _redacted(arguments: Any, secrets: set[str]) -> Any:
     Arguments given as JSON text stay text (rewritten only when they hold a credential);
     arguments that are neither text nor a mapping are left for `_json_safe`."""
     if isinstance(arguments, str):
+        if not may_hold_credentials(arguments):
+            return arguments
         try:
             parsed = json.loads(arguments)
         except (ValueError, RecursionError):
@@ -183,15 +227,21 @@ def _redacted(arguments: Any, secrets: set[str]) -> Any:
     if not isinstance(arguments, Mapping):
         return arguments
     try:
-        secrets.update(credential_values(arguments))
-        return redact_arguments(arguments)
+        redacted, found = redact_collecting(arguments)
     except Exception:  # keys or values the redactor cannot read: the mapping as pass 1 got it
         return dict(arguments)
+    secrets.update(found)
+    return redacted
 
 
 def _call_json(item: Any, secrets: set[str]) -> dict[str, Any]:
     """A call as received: its parts when it reads as a call, else `{"raw": ...}`; either
     is marked `"opaque": true` when a placeholder stands in for something in it."""
+    fn = item.get("function") if type(item) is dict else None
+    if type(fn) is dict and type(raw_args := fn.get("arguments")) is str and raw_args:
+        # the OpenAI chat shape with JSON text, read as ToolCall.parse reads it, without one
+        arguments_text = raw_args if not may_hold_credentials(raw_args) else _redacted(raw_args, secrets)
+        return {"id": str(item.get("id", "")), "name": str(fn.get("name", "")), "arguments": arguments_text}
     try:
         call = ToolCall.parse(item)
     except (TypeError, ValueError):
@@ -223,11 +273,25 @@ def _replayed_call(recorded: Mapping[str, Any]) -> Any:
 def _recorded_key(planned: PlannedCall, secrets: set[str]) -> str | None:
     """The call's key as pass 1 computes it from its redacted arguments: the key a
     recording holds and replay compares."""
-    secrets.update(credential_values(planned.args))
+    tool = planned.tool
+    if (
+        planned.sent is not None
+        and not may_hold_credentials(planned.sent)
+        and (tool is None or not tool.defaults or not _defaults_may_hold_credentials(tool.defaults))
+    ):
+        return planned.key  # nothing in the arguments to redact: the key pass 1 made
+    redacted, found = redact_collecting(planned.args)
+    secrets.update(found)
     if planned.key is None:
         return None
-    redacted = redact_arguments(planned.args)
     return planned.key if redacted == dict(planned.args) else call_key(planned.name, canonical_json(redacted))
+
+
+def _defaults_may_hold_credentials(defaults: Mapping[str, Any]) -> bool:
+    try:
+        return may_hold_credentials(json.dumps(defaults, ensure_ascii=False, default=str))
+    except (TypeError, ValueError, RecursionError):
+        return True
 
 
 def _result_json(result: ToolResult, secrets: set[str]) -> dict[str, Any]:
@@ -287,7 +351,10 @@ class Recorder:
         session_id: str,
         mode: str,
         meta: Mapping[str, Any] | None = None,
+        fsync: bool = False,
     ) -> None:
+        """`fsync`: each batch's line reaches the disk before the batch returns (slower;
+        without it the line is written to the file at once and the system writes it out)."""
         self.path = path
         self._header: dict[str, Any] = {
             "type": "header",
@@ -302,9 +369,16 @@ class Recorder:
         self._seq: int | None = None  # of the last line written; None until the file is read or begun
         self._prev = ""
         self.problem: Exception | None = None
+        self.fsync = fsync
+        self._fd: int | None = None  # open for the session, between batches too
+        self._closer: weakref.finalize[Any, Any] | None = None
 
     def close(self) -> None:
-        """The session is closing: nothing stays open between batches, so nothing to do."""
+        """The session is closing: close the file (a recorder dropped unclosed closes it
+        when it is collected)."""
+        if self._closer is not None:
+            self._closer()
+        self._fd = self._closer = None
 
     def set_meta(self, **meta: Any) -> None:
         self._header["meta"].update(meta)
@@ -331,31 +405,51 @@ class Recorder:
         self._prev = line_hash(last)
         return []
 
+    def _open(self) -> tuple[int, list[bytes]]:
+        """The file, open for appending, and the lines that must come before the next record
+        (a header, for a new file). A file deleted or replaced since the last batch is
+        noticed (one fstat a batch) and the recording goes on in a new one at that path,
+        beginning with a header: what was written before is gone with the old file, and
+        a chain that went on from it would only be reported broken."""
+        fd = self._fd
+        if fd is not None:
+            if os.fstat(fd).st_nlink:  # still named (a file renamed over it unlinks it)
+                return fd, []
+            log.warning("the recording %s was removed or replaced; it starts again with a header", self.path)
+            self.close()
+            self._seq = None
+        lines = self._continue_chain() if self._seq is None else []
+        # created readable by its owner only (a umask can narrow that, never widen it)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(self.path, flags, _PRIVATE_FILE)
+        self._closer = weakref.finalize(self, os.close, fd)
+        self._fd = fd
+        return fd, lines
+
     def _append(self, record: Mapping[str, Any]) -> None:
-        """Append one record, numbered and chained. A write that fails (a full disk, a
-        folder gone) is logged once and ends the recording: what is on disk stays a
-        readable prefix of the session (replay reports a cut last line as truncated), and
-        the batch's results still reach the caller, since its tools have run."""
+        """Append one record, numbered and chained, with one `write`. A write that fails (a
+        full disk, a folder gone) is logged once and ends the recording: what is on disk
+        stays a readable prefix of the session (replay reports a cut last line as
+        truncated), and the batch's results still reach the caller, since its tools have run."""
         if self.problem is not None:
             return
         try:
-            lines = self._continue_chain() if self._seq is None else []
+            fd, lines = self._open()
             assert self._seq is not None
             seq = self._seq + 1
-            # ASCII with escapes: a lone surrogate in a call (a model's slip) is kept as
-            # "\ud800", readable back exactly, where raw it could not be written as UTF-8
-            line = json.dumps({**record, "seq": seq, "prev": self._prev}, ensure_ascii=True, default=str)
-            encoded = line.encode()
+            encoded = encode_line({**record, "seq": seq, "prev": self._prev})
             lines.append(encoded)
-            # created readable by its owner only (a umask can narrow that, never widen it)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, _PRIVATE_FILE)
-            with open(fd, "ab") as f:
-                f.write(b"\n".join(lines) + b"\n")
-                f.flush()
+            data = b"\n".join(lines) + b"\n"
+            written = os.write(fd, data)
+            while written < len(data):  # a short write (a signal, a nearly full disk): the rest
+                written += os.write(fd, data[written:])
+            if self.fsync:
+                os.fsync(fd)
         except Exception as exc:
             # OSError: a full disk, a folder gone; the others: a record JSON cannot hold
             # (a structure too deep). Either way the batch goes on; the recording stops.
             self._stop(exc)
+            self.close()
             return
         self._seq, self._prev = seq, line_hash(encoded)
 

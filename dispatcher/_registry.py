@@ -1,7 +1,8 @@
 """`Tool` (a definition) and `Registry` (the named set a dispatcher serves).
 
 Registration is where a tool is checked: its name, its JSON schema (Draft 2020-12,
-checked once) and its compiled validator. Nothing here runs a tool.
+checked once) and its compiled validators (jsonschema, the authority, and jsonschema-rs
+for the hot path where it is sure to agree: `_fastcheck`). Nothing here runs a tool.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import jsonschema
 import xxhash
 
 from ._exceptions import ToolDefinitionError, UnknownTool
+from ._fastcheck import compile_fast
 from ._policy import CachePolicy
 from ._process import why_not_importable
 
@@ -105,6 +107,9 @@ class RegisteredTool:
     """No reads, writes or cache policy and a fixed `concurrent`: no seam to evaluate."""
     in_process: bool = False
     """A sync handler run in a worker process (`isolation="process"`, its own or the registry's)."""
+    fast: Any = None
+    """A jsonschema-rs validator that decides validity on the hot path, or None where
+    jsonschema (`validator`, the authority, which writes every error) decides alone."""
 
     @property
     def name(self) -> str:
@@ -273,6 +278,7 @@ def register_check(tool: Tool, isolation: Isolation = "thread") -> RegisteredToo
         and tool.cache is None
         and isinstance(tool.concurrent, bool),
         in_process=in_process,
+        fast=compile_fast(schema, tool.name),
     )
 
 

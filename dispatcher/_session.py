@@ -556,8 +556,9 @@ class Session:
             results = effects.results
             control = executor.control.first()
             run_id, round_ = self._run_id, self._round
-            await anyio.to_thread.run_sync(
-                lambda: recorder.record_batch(
+
+            def record() -> None:
+                recorder.record_batch(
                     run_id=run_id,
                     round=round_,
                     calls=calls,
@@ -567,7 +568,10 @@ class Session:
                     control=control,
                     all_loaded=all_loaded,
                 )
-            )
+
+            # off the loop, always: encoding a large batch, and a disk that stalls (or syncs,
+            # with record_fsync), must not hold up the other sessions' calls
+            await anyio.to_thread.run_sync(record)
 
     async def _gate(
         self,

@@ -28,7 +28,9 @@ class FrameworkNotInstalled(PydanticAIPeer):
 
 @pytest.fixture(scope="module")
 def report() -> dict[str, Any]:
-    plan = Plan(quick=True, peers=(FrameworkNotInstalled,), limits=(), memory=False, costs=False)
+    plan = Plan(
+        quick=True, peers=(FrameworkNotInstalled,), limits=(), memory=False, costs=False, floors=False
+    )
     return collect(plan)
 
 
@@ -123,3 +125,19 @@ def test_overhead_alternates_blocks_and_survives_a_failing_system() -> None:
             assert batch["rounds"] == 2 * max(1, n // 2)
             assert batch["median_us_per_call"] > 0
     assert found["broken"] == {"error": "RuntimeError: the framework changed its API"}
+
+
+def test_the_floors_section_measures_every_workload_and_says_each_goal() -> None:
+    """bench/floors.py on its quick path: a row per workload and batch, a replay, a verdict per goal."""
+    import trio
+
+    from bench import floors
+
+    figures = trio.run(floors.measure, True)
+    table = floors.render(figures)
+    for workload in ("echo", "realistic"):
+        for size in (1, 10, 100):
+            assert f"| {workload} | {size} |" in table
+    assert figures["replay"]["calls"] > 0 and figures["replay"]["replay_calls_per_s"] > 0
+    verdicts = floors.goals(figures)
+    assert len(verdicts) == 7 and all(goal.met in (True, False) for goal in verdicts)

@@ -247,9 +247,11 @@ def test_replay_of_a_tampered_recording_names_the_line(tmp_path: Path) -> None:
     """A result edited in the middle breaks the hash chain at its line: exit 1, no traceback."""
     rec = tmp_path / "session.jsonl"
     run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache")
-    records = [json.loads(line) for line in rec.read_text().splitlines()]
-    records[2]["results"][1]["content"] = "tampered"
-    rec.write_text("".join(json.dumps(r) + "\n" for r in records))
+    lines = rec.read_text().splitlines()
+    tampered = json.loads(lines[2])
+    tampered["results"][1]["content"] = "tampered"
+    lines[2] = json.dumps(tampered)  # that line alone rewritten; the others keep their bytes
+    rec.write_text("".join(line + "\n" for line in lines))
     code, out, err = run_cli("replay", str(rec))
     assert code == 1 and err == ""
     assert "problem: line 3: edited (its hash does not match the next record's prev)\n" in out

@@ -301,3 +301,33 @@ def test_the_rule_imports_only_the_standard_library_and_xxhash() -> None:
     }
     assert imported - {"__future__"} <= set(sys.stdlib_module_names) | {"xxhash"}
     assert not imported & {"cache", "os", "io", "pathlib", "socket", "dispatcher"}
+
+
+def test_every_credential_word_and_name_holds_a_part_the_quick_check_looks_for() -> None:
+    """`may_hold_credentials` looks for parts of the words; every word and name has one."""
+    from dispatcher._credentials import _MAY_HOLD, _PARAMETER_NAMES, _STANDARD_NAMES, _WORDS
+
+    for word in _WORDS | _STANDARD_NAMES | _PARAMETER_NAMES:
+        assert any(part in word for part in _MAY_HOLD), word
+
+
+_PIECES = st.sampled_from(
+    ["text", "path", "Api", "Key", "token", "url", "https://u:p@h/?code=1", "headers", "params", "body",
+     "a=b&sig=c", "%74oken", "x", "Authorization", "Bearer abc", "mode", "é", "monkey", "1"]
+)  # fmt: skip
+_ARGS = st.recursive(
+    st.one_of(_PIECES, st.integers(), st.none()),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_PIECES, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(args=st.dictionaries(_PIECES, _ARGS, max_size=4))
+def test_arguments_the_quick_check_clears_redact_to_themselves(args: dict[str, Any]) -> None:
+    """What `may_hold_credentials` clears (as JSON text) redacts to itself, with no secret found."""
+    from dispatcher._credentials import may_hold_credentials, redact_collecting
+
+    redacted, secrets = redact_collecting(args)
+    if not may_hold_credentials(json.dumps(args, ensure_ascii=False)):
+        assert redacted == args and not secrets
+    assert (redacted, secrets) == (redact_arguments(args), credential_values(args))

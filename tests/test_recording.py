@@ -636,3 +636,116 @@ async def test_a_call_of_no_known_shape_is_recorded_without_its_secrets(tmp_path
     }
     report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
     assert report.ok, report.divergence
+
+
+# --- the file kept open, the encoder ------------------------------------------------------
+
+
+def _opened(path: Path) -> int | None:
+    """How many descriptors of this process are open on `path` (None: no /proc to ask)."""
+    if not os.path.isdir("/proc/self/fd"):
+        return None
+    found = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+        except OSError:
+            continue
+    return found
+
+
+async def test_the_file_stays_open_between_batches_and_closes_with_the_session(tmp_path: Path) -> None:
+    """One descriptor for the whole session, however many batches; Session.close gives it back."""
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(fake_registry(Counter(), {})).session("open", record=path)
+    for n in range(5):
+        await s.dispatch([call(str(n), "echo", text=f"x{n}")])
+        assert _opened(path) in (1, None)
+    s.close()
+    assert _opened(path) in (0, None)
+    assert len(path.read_text().splitlines()) == 6
+
+
+def test_a_recorder_never_closed_lets_its_file_go_without_a_warning(tmp_path: Path) -> None:
+    """A recorder dropped unclosed closes its file when collected, with no ResourceWarning
+    (warnings are errors in this suite)."""
+    import gc
+
+    path = tmp_path / "s.jsonl"
+    recorder = Recorder(path, registry=fake_registry(Counter(), {}), session_id="s", mode="direct")
+    recorder._append({"type": "batch"})
+    assert _opened(path) in (1, None)
+    del recorder
+    gc.collect()
+    assert _opened(path) in (0, None)
+    assert len(path.read_text().splitlines()) == 2
+
+
+async def test_a_recording_deleted_between_batches_starts_again_with_a_header(
+    tmp_path: Path, caplog: Any
+) -> None:
+    """The file removed mid-session: the next batch notices, logs it, and begins a new recording
+    (a header, then that batch) that replays clean."""
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(fake_registry(Counter(), {})).session("gone", record=path)
+    await s.dispatch([call("1", "echo", text="a")])
+    path.unlink()
+    await s.dispatch([call("2", "echo", text="b")])
+    await s.dispatch([call("3", "echo", text="c")])
+    s.close()
+    records = _records(path)
+    assert [r["type"] for r in records] == ["header", "batch", "batch"]
+    assert [r["seq"] for r in records] == [0, 1, 2]
+    assert any("removed or replaced" in r.getMessage() for r in caplog.records)
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.calls == 2
+
+
+async def test_lines_are_orjson_where_it_can_and_json_where_it_cannot(tmp_path: Path) -> None:
+    """A plain batch is written by orjson (UTF-8 kept); one holding a lone surrogate or a NaN is
+    written by json with escapes, and keeps them; both replay, and the chain holds."""
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(fake_registry(Counter(), {})).session("enc", record=path)
+    await s.dispatch([call("1", "echo", text="café")])
+    await s.dispatch([ToolCall("2", "echo", {"text": "x\ud800"})])
+    await s.dispatch([ToolCall("3", "echo", {"text": "y", "n": float("nan")})])
+    s.close()
+    raw = path.read_bytes().splitlines()
+    assert "café".encode() in raw[1]  # orjson: UTF-8 as is
+    assert b"\\ud800" in raw[2] and raw[2].isascii()
+    assert b"NaN" in raw[3]
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.problem is None and report.batches == 3
+
+
+async def test_fsync_is_an_option(tmp_path: Path, monkeypatch: Any) -> None:
+    """`Recorder(fsync=True)` syncs the file once a batch; the default does not."""
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    registry = fake_registry(Counter(), {})
+    for fsync in (False, True):
+        recorder = Recorder(
+            tmp_path / f"{fsync}.jsonl", registry=registry, session_id="s", mode="direct", fsync=fsync
+        )
+        recorder._append({"type": "batch"})
+        recorder._append({"type": "batch"})
+        recorder.close()
+    assert len(synced) == 2
+    s = Dispatcher(registry).session("synced", record=tmp_path / "s.jsonl", record_fsync=True)
+    await s.dispatch([call("1", "echo", text="x")])
+    s.close()
+    assert len(synced) == 3
+
+
+async def test_a_recording_replaced_between_batches_goes_on_in_the_new_file(tmp_path: Path) -> None:
+    """A file renamed over the recording: the next batch is written to the file now at the path."""
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(fake_registry(Counter(), {})).session("swapped", record=path)
+    await s.dispatch([call("1", "echo", text="a")])
+    (tmp_path / "new.jsonl").write_text("")
+    os.replace(tmp_path / "new.jsonl", path)
+    await s.dispatch([call("2", "echo", text="b")])
+    s.close()
+    records = _records(path)
+    assert [r["type"] for r in records] == ["header", "batch"]
+    assert records[1]["calls"][0]["id"] == "2"

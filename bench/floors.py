@@ -1,0 +1,418 @@
+"""threepass against two honest floors, and what recording and replay cost.
+
+Every system here is fed the same batch of OpenAI-style calls (`tool_calls` items with
+JSON argument text), and rounds alternate system by system on one trio loop, so a slow
+spell of the shared machine falls on all of them alike. The floors run no per-call task:
+each tool is awaited in turn.
+
+- **lean floor**: `json.loads` of the arguments, `json.dumps(sort_keys=True)`,
+  xxh3-128 of name and canonical JSON, jsonschema's compiled Draft 2020-12 `is_valid`;
+- **physical floor**: `orjson.loads`, `orjson.dumps(OPT_SORT_KEYS)`, xxh3-128,
+  jsonschema-rs `is_valid`;
+- **floor**: today's floor (bench/workloads.py `FloorRunner`: one trio task per call),
+  kept for continuity on the echo workload.
+
+Two workloads: `echo` (one string property, the harness's echo) and `realistic` (a tool
+schema of five properties, a nested object, an enum and required ones). Then threepass
+with a recording and without (batch 1 and 100), the fixed cost of a batch (per call at
+batch 1 less per call at batch 100), and replay of a recording (the file read and its
+chain checked) against live dispatch of the same batches.
+
+    python -m bench.floors [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import jsonschema_rs
+import orjson
+import trio
+import xxhash
+
+from dispatcher import Dispatcher, Registry, Tool
+from dispatcher._recording import replay
+
+from .workloads import Call, FloorRunner, Goal, Toolbox
+
+ECHO = {
+    "type": "object",
+    "properties": {"text": {"type": "string"}},
+    "required": ["text"],
+    "additionalProperties": False,
+}
+REALISTIC = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string", "minLength": 1, "description": "The file to open."},
+        "mode": {"type": "string", "enum": ["read", "write", "append"]},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 100_000},
+        "encoding": {"type": "string", "default": "utf-8"},
+        "options": {
+            "type": "object",
+            "properties": {
+                "recursive": {"type": "boolean"},
+                "depth": {"type": "integer", "minimum": 0, "maximum": 32},
+            },
+            "required": ["recursive"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["path", "mode", "options"],
+    "additionalProperties": False,
+}
+SCHEMAS = {"echo": ECHO, "open_file": REALISTIC}
+WORKLOADS = {"echo": "echo", "realistic": "open_file"}
+
+# Goals (issue 11), each a ratio measured in one run.
+PHYSICAL_GOAL = 8.0  # threepass per call at batch 100, at most this times the physical floor
+LEAN_GOAL = 1.0  # ... and at most this times the lean floor (echo)
+FIXED_GOAL_US = 15.0  # batch 1: per call at batch 1 less per call at batch 100
+RECORDING_GOALS = {100: 1.10, 1: 1.25}  # recording on / off
+REPLAY_GOAL = 1.0  # replay / live dispatch of the same batches: under this
+
+
+def _arguments(tool: str, r: int, i: int) -> dict[str, Any]:
+    if tool == "echo":
+        return {"text": f"r{r}-{i}"}
+    return {
+        "path": f"/src/pkg{r}/module_{i}.py",
+        "mode": "read",
+        "limit": 100 + i,
+        "encoding": "utf-8",
+        "options": {"recursive": i % 2 == 0, "depth": 2},
+    }
+
+
+def batch(tool: str, size: int, r: int) -> list[dict[str, Any]]:
+    """`size` OpenAI chat `tool_calls` items for `tool`, unique to round `r`."""
+    return [
+        {
+            "id": f"call_{r}_{i}",
+            "type": "function",
+            "function": {"name": tool, "arguments": json.dumps(_arguments(tool, r, i))},
+        }
+        for i in range(size)
+    ]
+
+
+async def _echo(args: Mapping[str, Any], ctx: Any = None) -> str:
+    return str(args["text"])
+
+
+async def _open_file(args: Mapping[str, Any], ctx: Any = None) -> str:
+    return str(args["path"])
+
+
+HANDLERS = {"echo": _echo, "open_file": _open_file}
+
+
+class LeanFloor:
+    """json + xxh3-128 + jsonschema's compiled validator; each tool awaited in turn."""
+
+    def __init__(self) -> None:
+        self._tools = {
+            name: (HANDLERS[name], jsonschema.Draft202012Validator(schema))
+            for name, schema in SCHEMAS.items()
+        }
+
+    async def run_batch(self, calls: Sequence[Mapping[str, Any]]) -> list[str]:
+        out = []
+        for call in calls:
+            fn = call["function"]
+            name = fn["name"]
+            args = json.loads(fn["arguments"])
+            canonical = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            xxhash.xxh3_128_digest(f"{name}\x00{canonical}".encode())
+            handler, validator = self._tools[name]
+            if not validator.is_valid(args):
+                raise ValueError(f"invalid arguments for {name}")
+            out.append(await handler(args))
+        return out
+
+
+class PhysicalFloor:
+    """orjson + xxh3-128 + jsonschema-rs; each tool awaited in turn."""
+
+    def __init__(self) -> None:
+        self._tools = {
+            name: (HANDLERS[name], jsonschema_rs.Draft202012Validator(schema, validate_formats=False))
+            for name, schema in SCHEMAS.items()
+        }
+
+    async def run_batch(self, calls: Sequence[Mapping[str, Any]]) -> list[str]:
+        out = []
+        for call in calls:
+            fn = call["function"]
+            name = fn["name"]
+            args = orjson.loads(fn["arguments"])
+            canonical = orjson.dumps(args, option=orjson.OPT_SORT_KEYS)
+            xxhash.xxh3_128_digest(name.encode() + b"\x00" + canonical)
+            handler, validator = self._tools[name]
+            if not validator.is_valid(args):
+                raise ValueError(f"invalid arguments for {name}")
+            out.append(await handler(args))
+        return out
+
+
+def _registry() -> Registry:
+    return Registry(
+        [
+            Tool(name, f"The {name} tool.", HANDLERS[name], schema, concurrent=True, deferred=False)
+            for name, schema in SCHEMAS.items()
+        ]
+    )
+
+
+class Threepass:
+    """One session; each batch a new run (nothing deduped across batches)."""
+
+    def __init__(self, record: Path | None = None, session: str = "bench") -> None:
+        self.dispatcher = Dispatcher(_registry())
+        self.session = self.dispatcher.session(session, mode="direct", record=record)
+
+    async def run_batch(self, calls: Sequence[Mapping[str, Any]]) -> list[str]:
+        self.session.new_run()
+        return [r.content for r in await self.session.dispatch(list(calls))]
+
+
+class TodaysFloor:
+    """bench/workloads.py's floor (a trio task per call), fed the same calls."""
+
+    def __init__(self) -> None:
+        self._floor = FloorRunner()
+
+    async def setup(self) -> None:
+        await self._floor.setup(Toolbox.for_loop("trio"))
+
+    async def run_batch(self, calls: Sequence[Mapping[str, Any]]) -> list[str]:
+        made = [Call(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
+        return await self._floor.run_batch(made)
+
+
+Runner = Callable[[Sequence[Mapping[str, Any]]], Awaitable[list[str]]]
+
+
+async def _interleaved(
+    runners: Mapping[str, Runner], tool: str, size: int, rounds: int, warmup: int = 10
+) -> dict[str, float]:
+    """Median µs per call of each runner, rounds alternating runner by runner (the order
+    rotating each round), over the same batch."""
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    names = list(runners)
+    for r in range(rounds + warmup):
+        calls = batch(tool, size, r)
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            t0 = time.perf_counter()
+            outputs = await runners[name](calls)
+            elapsed = time.perf_counter() - t0
+            if len(outputs) != size:
+                raise AssertionError(f"{name}: {size} calls gave {len(outputs)} outputs")
+            if r >= warmup:
+                times[name].append(elapsed)
+    return {name: statistics.median(t) / size * 1e6 for name, t in times.items()}
+
+
+def _rounds(size: int, quick: bool) -> int:
+    full = {1: 1500, 10: 300, 100: 80}[size]
+    return full // 10 if quick else full
+
+
+async def per_call(quick: bool) -> dict[str, Any]:
+    """µs per call of threepass and the floors, each workload at batch 1, 10 and 100."""
+    today = TodaysFloor()
+    await today.setup()
+    lean, physical, three = LeanFloor(), PhysicalFloor(), Threepass()
+    out: dict[str, Any] = {}
+    for workload, tool in WORKLOADS.items():
+        runners: dict[str, Runner] = {
+            "threepass": three.run_batch,
+            "lean": lean.run_batch,
+            "physical": physical.run_batch,
+        }
+        if workload == "echo":
+            runners["floor"] = today.run_batch
+        out[workload] = {
+            str(size): await _interleaved(runners, tool, size, _rounds(size, quick)) for size in (1, 10, 100)
+        }
+    return out
+
+
+async def recording(quick: bool, folder: Path) -> dict[str, Any]:
+    """threepass with a recording against threepass without, µs per call, batch 1 and 100."""
+    off, on = Threepass(session="off"), Threepass(record=folder / "on.jsonl", session="on")
+    out = {}
+    for size in (1, 100):
+        figures = await _interleaved(
+            {"off": off.run_batch, "on": on.run_batch}, "echo", size, _rounds(size, quick)
+        )
+        out[str(size)] = {**figures, "ratio": figures["on"] / figures["off"]}
+    on.session.close()
+    return out
+
+
+async def replaying(quick: bool, folder: Path) -> dict[str, Any]:
+    """Replay of a recording of batches against live dispatch of the same batches: the
+    median of several rounds of each, alternating, so one slow spell does not decide."""
+    batches = [
+        batch(tool, size, r) for r in range(10 if quick else 40) for tool in SCHEMAS for size in (1, 10)
+    ]
+    calls = sum(len(b) for b in batches)
+    path = folder / "replay.jsonl"
+    recorded = Threepass(record=path, session="recorded")
+    for b in batches:
+        await recorded.run_batch(b)
+    recorded.session.close()
+    live_times, replay_times = [], []
+    for n in range(3 if quick else 7):
+        live = Threepass(session=f"live{n}")
+        t0 = time.perf_counter()
+        for b in batches:
+            await live.run_batch(b)
+        live_times.append(time.perf_counter() - t0)
+        live.session.close()
+        dispatcher = Dispatcher(_registry())
+        t0 = time.perf_counter()
+        report = await replay(path, dispatcher)
+        replay_times.append(time.perf_counter() - t0)
+        if not report.ok or report.calls != calls:
+            raise AssertionError(f"replay did not match: {report}")
+    live_s, replay_s = statistics.median(live_times), statistics.median(replay_times)
+    return {
+        "batches": len(batches),
+        "calls": calls,
+        "live_s": live_s,
+        "replay_s": replay_s,
+        "ratio": replay_s / live_s,
+        "replay_calls_per_s": calls / replay_s,
+        "live_calls_per_s": calls / live_s,
+    }
+
+
+async def measure(quick: bool = False) -> dict[str, Any]:
+    """Every figure above, in one trio run: ``trio.run(measure, quick)``."""
+    with tempfile.TemporaryDirectory() as name:
+        folder = Path(name)
+        return {
+            "per_call": await per_call(quick),
+            "recording": await recording(quick, folder),
+            "replay": await replaying(quick, folder),
+        }
+
+
+def render(figures: Mapping[str, Any]) -> str:
+    lines = [
+        "| workload | batch | threepass µs/call | lean floor | physical floor | floor (tasks) | "
+        "threepass / lean | threepass / physical |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for workload, sizes in figures["per_call"].items():
+        for size, row in sizes.items():
+            today = f"{row['floor']:.1f}" if "floor" in row else "\N{EN DASH}"
+            three, lean, physical = row["threepass"], row["lean"], row["physical"]
+            lines.append(
+                f"| {workload} | {size} | {three:.1f} | {lean:.1f} | {physical:.2f} | {today} | "
+                f"{three / lean:.2f}x | {three / physical:.1f}x |"
+            )
+    rec = figures["recording"]
+    lines += [
+        "",
+        "| recording, echo | batch | off µs/call | on µs/call | on / off |",
+        "|---|---|---|---|---|",
+        *(
+            f"| | {size} | {row['off']:.1f} | {row['on']:.1f} | {row['ratio']:.2f}x |"
+            for size, row in rec.items()
+        ),
+    ]
+    rp = figures["replay"]
+    lines += [
+        "",
+        f"Replay of a recording of {rp['batches']} batches ({rp['calls']} calls, echo and realistic, "
+        f"batch 1 and 10), the file read and its chain checked: {rp['replay_s'] * 1e3:.1f} ms, "
+        f"{rp['replay_calls_per_s']:,.0f} calls/s; live dispatch of the same batches "
+        f"{rp['live_s'] * 1e3:.1f} ms ({rp['live_calls_per_s']:,.0f} calls/s); replay / live "
+        f"{rp['ratio']:.2f}x.",
+    ]
+    return "\n".join(lines)
+
+
+def fixed_cost_us(figures: Mapping[str, Any]) -> float:
+    """threepass's fixed cost of a batch: per call at batch 1 less per call at batch 100 (echo)."""
+    echo = figures["per_call"]["echo"]
+    return float(echo["1"]["threepass"] - echo["100"]["threepass"])
+
+
+def goals(figures: Mapping[str, Any]) -> list[Goal]:
+    """Issue 11's goals that this module measures."""
+    found = []
+    for workload, sizes in figures["per_call"].items():
+        row = sizes["100"]
+        physical = row["threepass"] / row["physical"]
+        found.append(
+            Goal(
+                f"threepass / physical floor per call at batch 100, {workload} schema",
+                f"{physical:.1f}x",
+                f"at most {PHYSICAL_GOAL:.0f}x",
+                physical <= PHYSICAL_GOAL,
+            )
+        )
+        if workload == "echo":
+            lean = row["threepass"] / row["lean"]
+            found.append(
+                Goal(
+                    "threepass / lean floor per call at batch 100, echo schema",
+                    f"{lean:.2f}x",
+                    f"at most {LEAN_GOAL:.1f}x",
+                    lean <= LEAN_GOAL,
+                )
+            )
+    fixed = fixed_cost_us(figures)
+    found.append(
+        Goal(
+            "threepass's fixed cost of a batch: per call at batch 1 less per call at batch 100 (echo)",
+            f"{fixed:.1f} µs",
+            f"at most {FIXED_GOAL_US:.0f} µs",
+            fixed <= FIXED_GOAL_US,
+        )
+    )
+    for size, row in figures["recording"].items():
+        target = RECORDING_GOALS[int(size)]
+        found.append(
+            Goal(
+                f"recording on / off per call at batch {size}",
+                f"{row['ratio']:.2f}x",
+                f"at most {target:.2f}x",
+                row["ratio"] <= target,
+            )
+        )
+    rp = figures["replay"]
+    found.append(
+        Goal(
+            f"replay / live dispatch of the same batches ({rp['replay_calls_per_s']:,.0f} calls/s replayed)",
+            f"{rp['ratio']:.2f}x",
+            f"under {REPLAY_GOAL:.1f}x",
+            rp["ratio"] < REPLAY_GOAL,
+        )
+    )
+    return found
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    ns = parser.parse_args()
+    result = trio.run(measure, ns.quick)
+    if ns.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(render(result), "", "Against the goals:", "", *(g.render() for g in goals(result)), sep="\n")
