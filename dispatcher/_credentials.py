@@ -132,6 +132,16 @@ def redact(value: str) -> str:
     return f"redacted.len-{len(value)}.xxh3-{digest}"
 
 
+def stand_in(value: int) -> int:
+    """A whole number that stands for `value` where a marker could not: the smallest with as
+    many digits and the same sign (a PIN's range stays a PIN's range; 1 for one digit). It
+    tells no more than a marker's length, and standing in for a stand-in changes nothing,
+    so a recording replays; two secrets of one length are not told apart."""
+    digits = len(str(abs(value)))
+    number = 10 ** (digits - 1) if digits > 1 else 1
+    return -number if value < 0 else number
+
+
 # Any text a credential could be found in holds one of these, in lower case: a part of
 # every word and name above (tests/test_credentials.py checks that each holds one), a
 # URL, an escape or percent-encoding (either could spell a word in other letters), or
@@ -218,13 +228,19 @@ class _Redactor:
         return redact(value)
 
     def hide_all(self, value: Any) -> Any:
-        """Everything under a credential's name: texts and numbers become markers."""
+        """Everything under a credential's name: texts become markers, whole numbers stand-in
+        numbers (see `stand_in`), so a schema that wants a number still finds one on replay."""
         if isinstance(value, str):
             _, _, token = value.partition(" ")  # "Bearer abc": a server may echo "abc" alone
             return self.hide(value, token.strip())
         if isinstance(value, bool) or value is None:
             return value
-        if isinstance(value, int | float):
+        if isinstance(value, int):
+            hidden = stand_in(value)
+            if hidden != value:  # a stand-in already is not a secret
+                self.secrets.add(str(value))
+            return hidden
+        if isinstance(value, float):
             return self.hide(json.dumps(value))
         if isinstance(value, Mapping):
             return {k: self.hide_all(v) for k, v in value.items()}
