@@ -39,7 +39,7 @@ from rich.table import Table
 from rich.text import Text
 
 from builtin_tools import default_registry
-from cache import DiskResultCache, MemoryResultCache
+from cache import DiskErrorStore, DiskResultCache, MemoryErrorStore, MemoryResultCache
 from dispatcher import Dispatcher, ReplayReport, default_limit, replay
 from dispatcher._recording import read_recording
 
@@ -131,6 +131,13 @@ def _make_cache(args: argparse.Namespace) -> Any:
     return DiskResultCache(args.cache_dir)
 
 
+def _make_error_store(args: argparse.Namespace) -> Any:
+    """The error memory, beside the result cache (none with --no-cache)."""
+    if args.no_cache:
+        return None
+    return DiskErrorStore(args.cache_dir)
+
+
 def _copy_workspace(source: Path, prefix: str = "threepass-ws-") -> Path:
     if not source.is_dir():
         raise _Error(f"workspace {source} is not a folder")
@@ -220,10 +227,11 @@ def _cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.record:
         Path(args.record).unlink(missing_ok=True)  # one recording per run, never two spliced
     cache = _make_cache(args)
+    errors = _make_error_store(args)
     registry = default_registry(workspace)
 
     def make(**kw: Any) -> Dispatcher:
-        return Dispatcher(registry, cache=cache, **kw)
+        return Dispatcher(registry, cache=cache, error_store=errors, **kw)
 
     runner = TranscriptRun(
         make,
@@ -296,9 +304,10 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         view.message("site", f"site: {site} (the example site, on loopback for this demo)", url=site)
         registry = default_registry(workspace, allow_private_network=True)
         cache = MemoryResultCache()
+        errors = MemoryErrorStore()  # the demo remembers its failures for itself only
 
         def make(**kw: Any) -> Dispatcher:
-            return Dispatcher(registry, cache=cache, **kw)
+            return Dispatcher(registry, cache=cache, error_store=errors, **kw)
 
         script = "the demo's script"
         answers = Answers(approve=DEMO_APPROVALS, texts=list(DEMO_ANSWERS), source=script, approver=script)
