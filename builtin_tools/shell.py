@@ -55,6 +55,7 @@ import anyio
 import anyio.abc
 import attrs
 
+from dispatcher._backend import open_process
 from dispatcher._exceptions import ToolError
 from dispatcher._registry import Tool
 from dispatcher._types import ToolContext
@@ -635,7 +636,7 @@ async def _run_stages(
         try:
             for index, argv in enumerate(stages):
                 processes.append(
-                    await anyio.open_process(
+                    await open_process(
                         argv,
                         stdin=pipes[index - 1][0] if index else subprocess.DEVNULL,
                         stdout=pipes[index][1] if index < len(pipes) else subprocess.PIPE,

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -37,6 +39,7 @@ __all__ = [
     "LoopIdentity",
     "Primitives",
     "loop_identity",
+    "open_process",
     "primitives",
     "wait_readable",
 ]
@@ -229,3 +232,75 @@ class BlockWatch:
                             self._suspect = (found[0], held)
                     seen = found
             time.sleep(self._period)
+
+
+class _PipeStream:
+    """A pipe of a child process as an async stream of bytes (trio's own FdStream)."""
+
+    def __init__(self, pipe: Any) -> None:
+        self._stream = trio.lowlevel.FdStream(os.dup(pipe.fileno()))
+        pipe.close()
+
+    def __aiter__(self) -> _PipeStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self._stream.receive_some(65536)
+        if not chunk:
+            raise StopAsyncIteration
+        return bytes(chunk)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+class _LoopThreadProcess:
+    """A child started on the event loop's own thread, with what the tools use of anyio's
+    Process: pid, returncode, stdout, stderr, wait(), kill(), aclose()."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self.stdin = None
+        self.stdout = None if popen.stdout is None else _PipeStream(popen.stdout)
+        self.stderr = None if popen.stderr is None else _PipeStream(popen.stderr)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
+    async def wait(self) -> int:
+        if self._popen.poll() is None:
+            try:
+                pidfd = os.pidfd_open(self.pid)
+            except (AttributeError, OSError):  # no pidfd here: look again now and then
+                while self._popen.poll() is None:  # noqa: ASYNC110 - another process, no event to wait on
+                    await trio.sleep(0.02)
+            else:
+                try:
+                    await trio.lowlevel.wait_readable(pidfd)
+                finally:
+                    os.close(pidfd)
+        return self._popen.wait()
+
+    def kill(self) -> None:
+        self._popen.kill()
+
+    async def aclose(self) -> None:
+        for stream in (self.stdout, self.stderr):
+            if stream is not None:
+                await stream.aclose()
+        await self.wait()
+
+
+async def open_process(argv: Sequence[str], **options: Any) -> Any:
+    """`anyio.open_process`, except that under trio the child is started on the event loop's
+    own thread. trio starts children from a worker thread, and a child that asks to die
+    with its parent (bubblewrap's --die-with-parent, PR_SET_PDEATHSIG) dies when that
+    thread exits, ten idle seconds later; the loop's thread lives as long as the loop."""
+    if sniffio.current_async_library() != "trio":
+        return await anyio.open_process(list(argv), **options)
+    # a fork, on purpose here (the point of this function): quick, and then the loop goes on
+    popen = subprocess.Popen(list(argv), **options)  # noqa: ASYNC220
+    await trio.lowlevel.checkpoint()
+    return _LoopThreadProcess(popen)

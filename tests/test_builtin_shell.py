@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import hypothesis
 import hypothesis.strategies
 import pytest
+import sniffio
 
 from builtin_tools import default_registry
 from builtin_tools._workspace import Workspace
@@ -727,3 +729,18 @@ def test_read_only_git_in_a_submodule_inside_stays_read_only(ws: Path) -> None:
     assert modules.is_dir()
     assert tools.needs_confirmation({"command": "git status", "cwd": "lib"}) is False
     assert tools.needs_confirmation({"command": "git log"}) is False
+
+
+async def test_a_sandboxed_command_outlives_the_idle_timeout_of_worker_threads(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bwrap dies with the thread that started it: a sandboxed run_command longer than the
+    worker threads' idle timeout still runs to its end (it is started on the loop's thread)."""
+    require_program("bwrap", package="bubblewrap")
+    if sniffio.current_async_library() == "trio":
+        from trio._core import _thread_cache
+
+        monkeypatch.setattr(_thread_cache, "IDLE_TIMEOUT", 0.05)
+    await anyio.to_thread.run_sync(lambda: None)  # a worker thread, idle from now on
+    out = await _run(ws, "sleep 1; echo survived", options={})
+    assert "survived" in out and "signal" not in out
