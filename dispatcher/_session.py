@@ -33,6 +33,7 @@ from ._results import describe, shown
 from ._rewrite import rewrite
 from ._seams import CacheEntry, ErrorRecord, ErrorStore
 from ._seams import ToolRunner as PublicRunner
+from ._stores import epoch_before, look_up, moved_elsewhere, remember_failures, update_store
 from ._types import (
     Allow,
     Answer,
@@ -349,7 +350,7 @@ class Session:
                 round=self._round,
             )
         wanted = planner.lookups(drafts)
-        found: Mapping[str, CacheEntry] = await self._look_up(wanted) if wanted else {}
+        found: Mapping[str, CacheEntry] = await look_up(store, wanted) if store is not None and wanted else {}
         planner.resolve(drafts, found)
         try:
             gate_decisions = await self._gate(planner, drafts, decisions, gate or d.gate)
@@ -369,7 +370,7 @@ class Session:
         # the epochs the reads of this batch start under: a write committed while they run
         # (here, or anywhere the store is shared) keeps them from being remembered or stored
         since = d._generation
-        store_since = await self._store_epoch(plan) if store is not None else None
+        store_since = await epoch_before(store, plan) if store is not None else None
         executor = Executor(
             limiter=d.limiter,
             thread_limiter=bound.thread_limiter,
@@ -392,8 +393,8 @@ class Session:
         finally:
             t2 = time.monotonic()
             moved = d._written_since(since)
-            if store_since is not None and moved is not None:
-                moved = await self._store_moved(store_since, moved)
+            if store is not None and store_since is not None and moved is not None:
+                moved = await moved_elsewhere(store, store_since, moved)
             failures = await self._failure_notes(plan, executor.results)
             effects = commit(
                 plan,
@@ -446,35 +447,6 @@ class Session:
             raise RuntimeError(f"{len(plan.calls)} calls produced {len(results)} results")
         return results
 
-    async def _store_epoch(self, plan: Plan) -> int | None:
-        """The store's epoch before pass 2, when a call that runs may be stored (else None).
-        A store that cannot say is asked nothing more: nothing this batch reads is stored."""
-        if not any(p.cache_key is not None and p.runs for p in plan.calls):
-            return None
-        store = self.dispatcher.cache
-        assert store is not None
-        try:
-            return int(await store.epoch())
-        except Exception:
-            log.warning("result cache epoch unreadable; this batch's results are not stored", exc_info=True)
-            return -1
-
-    async def _store_moved(self, since: int, moved: frozenset[str]) -> frozenset[str] | None:
-        """`moved` and what the store says was invalidated after its epoch `since` (by other
-        dispatchers or processes sharing it); None when it cannot say. Shielded: it runs in
-        pass 3, which a cancellation must not cut short."""
-        store = self.dispatcher.cache
-        assert store is not None
-        if since < 0:
-            return None
-        with anyio.CancelScope(shield=True):
-            try:
-                elsewhere = await store.moved_since(since)
-            except Exception:
-                log.warning("result cache epochs unreadable; this batch's reads are not kept", exc_info=True)
-                return None
-        return None if elsewhere is None else moved | elsewhere
-
     async def _failure_notes(self, plan: Plan, ran: Mapping[int, ToolResult]) -> FailureNotes:
         """What pass 3 needs to finish the failures of calls that ran: which hints apply, and
         what the error store knows of their signatures. Shielded, like the rest of pass 3; a
@@ -499,28 +471,6 @@ class Session:
             return notes
         return attrs.evolve(notes, known={k: v for k, v in found.items() if isinstance(v, ErrorRecord)})
 
-    async def _look_up(self, keys: Sequence[str]) -> Mapping[str, CacheEntry]:
-        """The store's live entries among `keys`; a store's fault is a miss, never a failure."""
-        store = self.dispatcher.cache
-        assert store is not None
-        try:
-            found = await store.get_many(keys)
-        except Exception:
-            log.warning(
-                "result cache lookup failed for %d key(s); treated as misses", len(keys), exc_info=True
-            )
-            return {}
-        if not isinstance(found, Mapping):
-            log.warning("result cache returned %s, not a mapping; treated as misses", shown(found))
-            return {}
-        good: dict[str, CacheEntry] = {}
-        for key, hit in found.items():
-            if isinstance(hit, CacheEntry):
-                good[key] = hit
-            elif hit is not None:
-                log.warning("result cache returned %s, not a CacheEntry; treated as a miss", shown(hit))
-        return good
-
     async def _write_out(
         self,
         effects: CommitEffects,
@@ -533,24 +483,11 @@ class Session:
     ) -> None:
         """The effects that leave the process: the store's invalidations and writes, in one
         call, then the recording, in a worker thread. A store's fault is logged, never raised."""
-        store = self.dispatcher.cache
-        writes = effects.cache_writes if store_since != -1 else ()
-        if store is not None and (effects.invalidations or writes):
-            try:
-                await store.set_many(writes, since=store_since, invalidate=effects.invalidations)
-            except Exception:
-                log.warning(
-                    "result cache update failed (%d writes, invalidating %s)",
-                    len(writes),
-                    sorted(effects.invalidations),
-                    exc_info=True,
-                )
-        errors = self.dispatcher.error_store
-        if errors is not None and effects.errors:
-            try:
-                await errors.record_many(effects.errors)
-            except Exception:
-                log.warning("error store failed to record %d failure(s)", len(effects.errors), exc_info=True)
+        d = self.dispatcher
+        if d.cache is not None:
+            await update_store(d.cache, effects, store_since)
+        if d.error_store is not None and effects.errors:
+            await remember_failures(d.error_store, effects.errors)
         recorder = self.recorder
         if recorder is not None:
             results = effects.results
