@@ -488,29 +488,10 @@ class Executor:
             raise
         except ToolError as exc:
             slot.idle()
-            return failure_result(
-                planned.call_id,
-                planned.name,
-                Status.failed,
-                exc.message,
-                retryable=exc.retryable,
-                effect_uncertain=writes,
-                started=started,
-                duration=time.monotonic() - t0,
-                limit=self._max_out,
-            )
+            return self._failed(planned, exc.message, writes, started, t0, retryable=exc.retryable)
         except (Exception, SystemExit) as exc:  # a tool that calls sys.exit (argparse does) fails alone
             slot.idle()
-            return failure_result(
-                planned.call_id,
-                planned.name,
-                Status.failed,
-                describe(exc),
-                effect_uncertain=writes,
-                started=started,
-                duration=time.monotonic() - t0,
-                limit=self._max_out,
-            )
+            return self._failed(planned, describe(exc), writes, started, t0)
         except BaseException as exc:
             if _propagates(exc):
                 raise  # the worker reports a timeout from what the slot says is running
@@ -520,16 +501,7 @@ class Executor:
             if isinstance(exc, BaseExceptionGroup) and (keyboard := _keyboard_in(exc)) is not None:
                 raise keyboard from exc
             # GeneratorExit and the like, raised by the tool's own code: its failure alone
-            return failure_result(
-                planned.call_id,
-                planned.name,
-                Status.failed,
-                describe(exc),
-                effect_uncertain=writes,
-                started=started,
-                duration=time.monotonic() - t0,
-                limit=self._max_out,
-            )
+            return self._failed(planned, describe(exc), writes, started, t0)
         finally:
             if release:  # what Watch.release does, inline: this is every async call
                 del holding[borrower]
@@ -554,6 +526,29 @@ class Executor:
             f"waited {wait:g} s for a slot held by: {holders}",
             started=began,
             duration=wait,
+            limit=self._max_out,
+        )
+
+    def _failed(
+        self,
+        planned: PlannedCall,
+        error: str,
+        writes: bool,
+        started: float,
+        t0: float,
+        *,
+        retryable: bool | None = None,
+    ) -> ToolResult:
+        """A call whose tool raised: `failed`, its effect uncertain if it writes."""
+        return failure_result(
+            planned.call_id,
+            planned.name,
+            Status.failed,
+            error,
+            retryable=retryable,
+            effect_uncertain=writes,
+            started=started,
+            duration=time.monotonic() - t0,
             limit=self._max_out,
         )
 

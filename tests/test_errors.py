@@ -6,9 +6,8 @@ import json
 import stat
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ from dispatcher._plan import DEFAULT_MAX_ARGUMENT_BYTES, Planner, PlannerState
 from dispatcher._recording import replay
 from dispatcher._results import DEFAULT_MAX_OUTPUT_BYTES, failure_result
 
+from ._http import serving
 from ._network import NetworkGuard, guard_network
 
 
@@ -397,16 +397,8 @@ class _Auth(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def auth_server() -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Auth)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
+    with serving(_Auth) as host:
+        yield f"http://{host}"
 
 
 @pytest.fixture
