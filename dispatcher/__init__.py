@@ -9,6 +9,7 @@ from ._dispatcher import Dispatcher, default_limit
 from ._exceptions import (
     DispatchInterrupted,
     HookBlocked,
+    SessionBusy,
     ToolDefinitionError,
     ToolError,
     UnknownTool,
@@ -18,7 +19,18 @@ from ._process import ProcessContext
 from ._recording import Divergence, ReplayReport, replay
 from ._registry import Registry, Tool
 from ._scripted import ScriptedRunner
-from ._seams import CacheEntry, CacheStatistics, CacheWrite, ErrorRecord, ErrorStore, ResultCache, ToolRunner
+from ._seams import (
+    CacheEntry,
+    CacheStatistics,
+    CacheWrite,
+    ErrorRecord,
+    ErrorStore,
+    Lease,
+    ResultCache,
+    SessionStore,
+    StoredSession,
+    ToolRunner,
+)
 from ._session import Session, SessionStatistics
 from ._types import (
     Allow,
@@ -54,14 +66,18 @@ __all__ = [
     "HistoryEntry",
     "HookBlocked",
     "Interrupt",
+    "Lease",
     "ProcessContext",
     "Registry",
     "ReplayReport",
     "ResultCache",
     "ScriptedRunner",
     "Session",
+    "SessionBusy",
     "SessionStatistics",
+    "SessionStore",
     "Status",
+    "StoredSession",
     "StuckCall",
     "Tool",
     "ToolCall",

@@ -3,7 +3,8 @@
     Exception
      ├── ToolError              a tool's ordinary failure; becomes a `failed` result
      ├── HookBlocked            run control: a hook (or tool code) stopped the batch
-     └── DispatchInterrupted    run control: a gate (or tool code) wants a human first
+     ├── DispatchInterrupted    run control: a gate (or tool code) wants a human first
+     └── SessionBusy            another worker holds the session's lease (or took it over)
     ValueError
      └── ToolDefinitionError    a Tool that cannot be registered (bad schema, bad name)
     LookupError
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DispatchInterrupted",
     "HookBlocked",
+    "SessionBusy",
     "ToolDefinitionError",
     "ToolError",
     "UnknownTool",
@@ -67,3 +69,15 @@ class ToolDefinitionError(ValueError):
 
 class UnknownTool(LookupError):
     """A name that no registered tool carries."""
+
+
+class SessionBusy(Exception):
+    """A session store's lease on `session_id` is held by another worker (or this
+    worker's lease expired and another took it over): the batch did not run, or its state
+    was not saved. Raised at once, never after waiting."""
+
+    def __init__(self, session_id: str, detail: str = "") -> None:
+        message = f"session {session_id!r} is busy: another worker holds its lease"
+        super().__init__(f"{message} ({detail})" if detail else message)
+        self.session_id = session_id
+        self.detail = detail

@@ -9,6 +9,8 @@
     ResultCache   async get_many / set_many / invalidate / epoch / moved_since / clear /
                   statistics
     ErrorStore    async lookup / record_many / resolve / search      failures remembered
+    SessionStore  async acquire / renew / release / load / save / mark_started
+                  a session's state shared by workers, a lease per session
 
 Gates, rewriters, hooks, subscribers and handlers may be sync or async. The result
 store is async, so that a store across the network fits it; pass 1 and pass 3 never
@@ -36,8 +38,11 @@ __all__ = [
     "Gate",
     "Handler",
     "Hook",
+    "Lease",
     "ResultCache",
     "Rewriter",
+    "SessionStore",
+    "StoredSession",
     "Subscriber",
     "ToolRunner",
 ]
@@ -218,4 +223,69 @@ class ErrorStore(Protocol):
     ) -> list[ErrorRecord]:
         """The records matching every filter given (`text`: in the error or the resolution,
         case-folded), most recently seen first."""
+        ...
+
+
+@attrs.frozen
+class Lease:
+    """One worker's hold on one session: `token` is unique to this acquisition; the
+    store forgets the hold `seconds` after it was taken or last renewed."""
+
+    session_id: str
+    token: str
+    seconds: float
+
+
+@attrs.frozen
+class StoredSession:
+    """What a session store holds for one session: the state saved at the end of its
+    last batch or interrupt (opaque bytes the kernel wrote; None before the first save),
+    and the call ids marked started since that save (writers that began and never
+    committed)."""
+
+    snapshot: bytes | None = None
+    started: frozenset[str] = frozenset()
+
+
+@runtime_checkable
+class SessionStore(Protocol):
+    """Session state shared by the workers of a deployment, so that a session's next
+    batch (or the approval of an interrupted one) may land on any of them.
+
+    The kernel holds a lease while a batch runs: `acquire` at the start (a held, unexpired
+    lease raises `SessionBusy` at once, never waits), `renew` while it runs, `release` at
+    the end or at an interrupt. `save` and `mark_started` take the lease and refuse (raise
+    `SessionBusy`) when it is no longer held: a worker whose lease expired never overwrites
+    the worker that took over. Unlike the result cache, a fault here is raised: a batch
+    whose state cannot be kept must not pretend it was."""
+
+    lease_seconds: float
+    """How long a lease lives without renewal (a crashed worker's lease expires then)."""
+
+    async def acquire(self, session_id: str) -> Lease:
+        """Take the session's lease, or raise `SessionBusy` if another holder has it."""
+        ...
+
+    async def renew(self, lease: Lease) -> bool:
+        """Extend the lease by `lease.seconds`; False when it is no longer held."""
+        ...
+
+    async def release(self, lease: Lease) -> None:
+        """Give the lease up (nothing happens if it is no longer held)."""
+        ...
+
+    async def load(self, session_id: str) -> StoredSession:
+        """The session's snapshot and started marks (an empty `StoredSession` if unknown)."""
+        ...
+
+    async def save(self, lease: Lease, snapshot: bytes) -> None:
+        """Replace the session's snapshot and clear its started marks, in one step."""
+        ...
+
+    async def mark_started(self, lease: Lease, call_ids: Sequence[str]) -> None:
+        """Record that these calls are starting (before their first side effect)."""
+        ...
+
+    async def delete(self, session_id: str) -> None:
+        """Forget the session: snapshot, marks and lease."""
         ...
