@@ -81,6 +81,20 @@ class Primitives:
     lock: Callable[[], Any]
     capacity_limiter: Callable[[float], Any]
     would_block: type[Exception]
+    waiting: Callable[[Any], int]
+    """How many tasks wait for a slot of a limiter (of any kind), cheaply."""
+
+
+def _waiting(limiter: Any) -> int:
+    """Tasks waiting for `limiter`: trio's keeps them in a parking lot, anyio's asyncio one
+    in a queue (read directly: `statistics()` builds a value per call); other kinds say
+    through `statistics()`."""
+    queue = getattr(limiter, "_lot", None)
+    if queue is None:
+        queue = getattr(limiter, "_wait_queue", None)
+    if queue is None:
+        return int(limiter.statistics().tasks_waiting)
+    return len(queue)
 
 
 _TRIO = Primitives(
@@ -94,6 +108,7 @@ _TRIO = Primitives(
     trio.Lock,
     trio.CapacityLimiter,
     trio.WouldBlock,
+    _waiting,
 )
 
 
@@ -112,6 +127,7 @@ def primitives() -> Primitives:
         anyio.Lock,
         anyio.CapacityLimiter,
         anyio.WouldBlock,
+        _waiting,
     )
 
 

@@ -44,12 +44,14 @@ from ._exceptions import DispatchInterrupted, HookBlocked, ToolError
 from ._plan import Plan, PlannedCall
 from ._process import ProcessContext, ProcessPool
 from ._results import describe, failure_result, normalize_output
-from ._types import Status, ToolCall, ToolContext, ToolResult
+from ._types import ContextHost, Status, ToolCall, ToolContext, ToolResult, new_context, new_result
 from ._watch import DEFAULT_BLOCK_THRESHOLD, Watch
 
 __all__ = ["Executor", "HookSet", "RunControl", "ToolRunner", "watch_loop"]
 
 log = logging.getLogger("threepass.execute")
+
+_OK = Status.ok
 
 ToolRunner = Callable[[PlannedCall, ToolContext], Awaitable[Any]]
 """Stands in for running the handler: returns what a handler would, or a whole ToolResult
@@ -149,6 +151,7 @@ class _Slot:
 
     watched: bool
     scope: Any = None  # the backend's CancelScope
+    borrower: object | None = None  # the limiter slot this worker keeps between its calls
     running: PlannedCall | None = None
     ctx: ToolContext | None = None
     started: float = 0.0
@@ -195,7 +198,7 @@ class Executor:
         default_timeout: float,
         deadline: float | None,
         hooks: HookSet,
-        make_context: Callable[[PlannedCall], ToolContext],
+        context: tuple[int, int, float | None, ContextHost | None],
         max_output_bytes: int,
         runner: ToolRunner | None = None,
         watch: Watch | None = None,
@@ -207,11 +210,12 @@ class Executor:
         self._timeout = default_timeout
         self._deadline = deadline
         self._hooks = hooks
-        self._make_context = make_context
+        self._context = context  # run id, round, deadline and host of every call's ToolContext
         self._max_out = max_output_bytes
         self._runner = runner
         self._now = primitives.clock
         self._p = primitives
+        self._waiting = primitives.waiting
         self.results: dict[int, ToolResult] = {}
         self.started: set[int] = set()  # calls whose handler (or, in replay, runner) was started
         self.control = RunControl()
@@ -304,29 +308,40 @@ class Executor:
     async def _worker(self, todo: collections.deque[PlannedCall], slot: _Slot) -> None:
         running_on = _RUNNING_ON.set(_Holder(self._limiter))  # the slot a handler run here holds
         try:
-            if not slot.watched:  # no watchdog to cancel it: each call's own scope is its timeout
-                while todo:
-                    await self._run_call(todo.popleft(), slot)
-                return
-            while True:
-                with self._p.cancel_scope() as scope:
-                    slot.scope = scope
-                    while todo:
-                        await self._run_call(todo.popleft(), slot)
-                        if scope.cancel_called:
-                            # the call overran but swallowed its cancellation and returned:
-                            # the next call must not inherit a cancelled scope
-                            break
-                    else:
-                        return
-                # only the watchdog cancels this scope: the running call timed out
-                timed_out = slot.running
-                if timed_out is not None and slot.ctx is not None:
-                    slot.running = None
-                    result = self._timed_out(timed_out, slot.timeout, slot.started, slot.t0)
-                    await self._finish(timed_out, result, slot.ctx)
+            await self._work(todo, slot)
         finally:
             _RUNNING_ON.reset(running_on)
+            if slot.borrower is not None:
+                self._give_back(slot)
+
+    async def _work(self, todo: collections.deque[PlannedCall], slot: _Slot) -> None:
+        if not slot.watched:  # no watchdog to cancel it: each call's own scope is its timeout
+            while todo:
+                await self._run_call(todo.popleft(), slot)
+            return
+        while True:
+            with self._p.cancel_scope() as scope:
+                slot.scope = scope
+                while todo:
+                    await self._run_call(todo.popleft(), slot)
+                    if scope.cancel_called:
+                        # the call overran but swallowed its cancellation and returned:
+                        # the next call must not inherit a cancelled scope
+                        break
+                else:
+                    return
+            # only the watchdog cancels this scope: the running call timed out
+            timed_out = slot.running
+            if timed_out is not None and slot.ctx is not None:
+                slot.running = None
+                result = self._timed_out(timed_out, slot.timeout, slot.started, slot.t0)
+                await self._finish(timed_out, result, slot.ctx)
+
+    def _give_back(self, slot: _Slot) -> None:
+        """Return the limiter slot a worker kept between its calls."""
+        borrower, slot.borrower = slot.borrower, None
+        self._holding.pop(borrower, None)
+        self._limiter.release_on_behalf_of(borrower)
 
     def _timed_out(self, planned: PlannedCall, timeout: float, started: float, t0: float) -> ToolResult:
         return failure_result(
@@ -383,7 +398,8 @@ class Executor:
                 limit=self._max_out,
             )
             return
-        ctx = self._make_context(planned)
+        run_id, round_, deadline, host = self._context
+        ctx = new_context(planned.call_id, planned.name, run_id, round_, deadline, host)
         hooks = self._hooks
         call = None  # one ToolCall for both kinds of hook
         if hooks.before or hooks.after:
@@ -439,18 +455,24 @@ class Executor:
         args = planned.args
         limiter = self._limiter
         borrower: object | None = None  # nested: the calling handler's slot, nothing to take
+        # a sync call's slot is given back by its thread (it may outlive a timeout); others
+        # give theirs back as they end, or keep it for their worker's next call
+        release = self._runner is not None or tool.is_async or tool.in_process
         if not self._nested:
-            # one per call, hashed by identity: a ToolContext hashes by value, and two calls
-            # of a batch may share an id
-            borrower = object()
-            try:
-                limiter.acquire_on_behalf_of_nowait(borrower)
-            except self._p.would_block:  # the loop's own limiter raises the loop's own WouldBlock
-                waited = await self._queue(planned, borrower, timeout)
-                if waited is not None:
-                    return waited
-        # a sync call's slot is given back by its thread (it may outlive a timeout)
-        release = borrower is not None and (self._runner is not None or tool.is_async or tool.in_process)
+            borrower = slot.borrower
+            if borrower is None or not release:
+                if borrower is not None:
+                    self._give_back(slot)
+                # one per slot taken, hashed by identity: a ToolContext hashes by value, and
+                # two calls of a batch may share an id
+                borrower = object()
+                try:
+                    limiter.acquire_on_behalf_of_nowait(borrower)
+                except self._p.would_block:  # the loop's own limiter raises the loop's own WouldBlock
+                    waited = await self._queue(planned, borrower, timeout)
+                    if waited is not None:
+                        return waited
+        release = release and borrower is not None
         self.started.add(planned.index)
         started = time.time()
         t0 = time.monotonic()
@@ -480,8 +502,8 @@ class Executor:
                     return value
                 return attrs.evolve(value, call_id=planned.call_id, name=planned.name)
             content = normalize_output(value, self._max_out)
-            return ToolResult(
-                planned.call_id, planned.name, Status.ok, content, started=started, duration=duration
+            return new_result(
+                planned.call_id, planned.name, _OK, content, False, False, False, False, started, duration
             )
         except (HookBlocked, DispatchInterrupted):
             slot.idle()
@@ -503,9 +525,15 @@ class Executor:
             # GeneratorExit and the like, raised by the tool's own code: its failure alone
             return self._failed(planned, describe(exc), writes, started, t0)
         finally:
-            if release:  # what Watch.release does, inline: this is every async call
-                del holding[borrower]
-                limiter.release_on_behalf_of(borrower)
+            if release:
+                if slot.watched and not self._waiting(limiter):
+                    # the worker keeps the slot for its next call while nobody waits for one:
+                    # taking and giving back a slot per call costs more than the rest of it
+                    slot.borrower = borrower
+                else:  # what Watch.release does, inline: this is every async call
+                    slot.borrower = None
+                    del holding[borrower]
+                    limiter.release_on_behalf_of(borrower)
 
     async def _queue(self, planned: PlannedCall, borrower: object, call_timeout: float) -> ToolResult | None:
         """Wait for a slot, at most the queue limit (default: the call's timeout). None: got

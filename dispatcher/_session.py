@@ -268,9 +268,6 @@ class Session:
     def _context(self, call_id: str, name: str) -> ToolContext:
         return ToolContext(call_id, name, self._run_id, self._round, self._deadline, self)
 
-    def _planned_context(self, planned: PlannedCall) -> ToolContext:
-        return ToolContext(planned.call_id, planned.name, self._run_id, self._round, self._deadline, self)
-
     async def invoke(self, name: str, args: Mapping[str, Any] | None = None) -> ToolResult:
         """`Dispatcher.invoke` in this session (what `ToolContext.invoke` calls)."""
         return await self.dispatcher.invoke(name, args, session=self)
@@ -378,7 +375,7 @@ class Session:
             default_timeout=d.timeout,
             deadline=self._deadline,
             hooks=d.hook_set,
-            make_context=self._planned_context,
+            context=(self._run_id, self._round, self._deadline, self),
             max_output_bytes=d.max_output_bytes,
             runner=runner,
             watch=d.watch,

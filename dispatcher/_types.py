@@ -476,3 +476,35 @@ class HistoryEntry:
     @property
     def duration(self) -> float:
         return self.result.duration
+
+
+def _maker(cls: type[Any]) -> Callable[..., Any]:
+    """A constructor of the frozen, slotted attrs class `cls` taking every field in order,
+    for pass 2's per-call values: it sets the slots through their descriptors, where the
+    frozen `__init__` goes through `object.__setattr__` once per field (half again slower).
+    The instance is the same in every respect (class, fields, equality, hash)."""
+    fields = attrs.fields(cls)
+    if any(f.validator is not None or f.converter is not None for f in fields):  # pragma: no cover
+        raise TypeError(f"{cls.__name__} validates or converts a field: its __init__ must run")
+    names = [f.name for f in fields]
+    scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
+    lines = [f"def make({', '.join(names)}):", "    made = new(cls)"]
+    for i, name in enumerate(names):
+        scope[f"set{i}"] = cls.__dict__[name].__set__
+        lines.append(f"    set{i}(made, {name})")
+    lines.append("    return made")
+    exec("\n".join(lines), scope)  # the code is made here, from the class's own field names
+    made: Callable[..., Any] = scope["make"]
+    return made
+
+
+new_result: Callable[[str, str, Status, str, bool, bool, bool, bool, float | None, float], ToolResult] = (
+    _maker(ToolResult)
+)
+"""`ToolResult(call_id, name, status, content, retryable, effect_uncertain, cached, deduped,
+started, duration)`, every field given, faster."""
+
+new_context: Callable[[str, str, int, int, float | None, ContextHost | None], ToolContext] = _maker(
+    ToolContext
+)
+"""`ToolContext(call_id, tool_name, run_id, round, deadline, host)`, faster."""
