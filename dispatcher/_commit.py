@@ -181,9 +181,7 @@ def land(effects: CommitEffects, state: PlannerState, history: History, *, run_i
     """Apply the effects that live in the session's memory: history rows, schemas loaded,
     approvals spent, then the run's dedupe map (invalidations first, then what to remember).
     No await, so nothing can cut it short halfway."""
-    add = history.add
-    for planned, result in effects.history:
-        add(run_id, round, planned, result)
+    history.add_many(run_id, round, effects.history)
     state.loaded.update(effects.loaded)
     state.spent_approvals.update(effects.spent_approvals)
     if effects.invalidations:

@@ -56,13 +56,23 @@ class History(Sequence[HistoryEntry]):
 
     def add(self, run_id: int, round: int, planned: PlannedCall, result: ToolResult) -> None:
         """Pass 3: one committed call."""
-        args = planned.sent if planned.sent is not None else planned.args
-        self._rows.append((run_id, round, planned.index, planned.call_id, planned.name, args, result))
-        self.calls += 1
-        self.deduped += result.deduped
-        self.cached += result.cached
-        status = result.status.value
-        self.by_status[status] = self.by_status.get(status, 0) + 1
+        self.add_many(run_id, round, ((planned, result),))
+
+    def add_many(self, run_id: int, round: int, committed: Sequence[tuple[PlannedCall, ToolResult]]) -> None:
+        """Pass 3: a batch's committed calls, in call order."""
+        append = self._rows.append
+        counts = self.by_status
+        deduped = cached = 0
+        for planned, result in committed:
+            args = planned.sent if planned.sent is not None else planned.args
+            append((run_id, round, planned.index, planned.call_id, planned.name, args, result))
+            deduped += result.deduped
+            cached += result.cached
+            status = result.status  # a StrEnum: the member is its value as a key, read faster
+            counts[status] = counts.get(status, 0) + 1
+        self.calls += len(committed)
+        self.deduped += deduped
+        self.cached += cached
 
     def of_tool(self, name: str) -> list[HistoryEntry]:
         """The kept calls of one tool (as run: after `run_tool` and rewriters), oldest first."""

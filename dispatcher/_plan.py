@@ -93,7 +93,10 @@ PATHS: dict[str, tuple[Step, ...]] = {
     # again, and if it needs a gate it is refused, since no gate saw it
     "reopen": (Step.VALIDATE, Step.CONFIRM),
 }
-_KEYING, _AFTER_KEYING = PATHS["resolve"][:1], PATHS["resolve"][1:]  # `lookups` keys, `resolve` the rest
+# `lookups` keys every call, `resolve` takes the rest of the path; both call the steps
+# directly (one call each, where `_check` loops over the table): they must be these
+if PATHS["resolve"] != (Step.KEY, Step.LOOKUP, Step.VALIDATE, Step.CONFIRM):  # pragma: no cover
+    raise AssertionError("Planner.lookups and Planner.resolve take the steps of PATHS['resolve']")
 
 
 def _served_again(result: ToolResult, call_id: str) -> ToolResult:
@@ -510,7 +513,7 @@ class Planner:
             if entry is None:
                 continue
             d.entry = entry
-            if self._check(d, _KEYING):  # the key, for the store's lookup
+            if self._key(d, entry):  # the key, for the store's lookup
                 keyed.append(d)
         if not self._has_cache:
             return []
@@ -532,8 +535,11 @@ class Planner:
         validation, and whether the gate must be asked."""
         batch = _Batch(cached)
         for d in self._keyed:
-            d.advance("resolved")
-            self._check(d, _AFTER_KEYING, batch)
+            d.step = "resolved"  # from "parsed", as every keyed call is
+            entry = d.entry
+            assert entry is not None
+            if self._look_up(d, batch) and self._validate(d, entry):
+                self._confirm(d, entry)
 
     def _check(self, d: Draft, steps: Sequence[Step], batch: _Batch | None = None) -> bool:
         """Take `steps` in order; False once one decided the call (or made it a follower)."""
@@ -590,8 +596,11 @@ class Planner:
     def _confirm(self, d: Draft, entry: RegisteredTool) -> bool:
         """Whether the gate must be asked (a predicate that cannot judge the arguments says
         they are wrong)."""
+        confirm = entry.tool.confirm
+        if confirm is False:
+            return True
         try:
-            d.confirm = _evaluate(entry.tool.confirm, d.args or {})
+            d.confirm = _evaluate(confirm, d.args or {})
         except Exception as exc:
             self._fail(
                 d,
@@ -870,8 +879,9 @@ class Planner:
         calls: list[PlannedCall] = []
         for d in drafts:
             if d.step in ("resolved", "reopened"):
-                d.advance("approved")
-            d.advance("planned")
+                d.step = "planned"  # by way of "approved": both steps are allowed from these
+            else:
+                d.advance("planned")
             outcome = d.outcome
             calls.append(
                 PlannedCall(

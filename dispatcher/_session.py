@@ -214,7 +214,7 @@ class Session:
             executed=self._executed,
             deduped=h.deduped,
             cached=h.cached,
-            by_status=dict(h.by_status),
+            by_status={str(status): n for status, n in h.by_status.items()},
             loaded=tuple(sorted(self._planner_state.loaded)),
         )
 
