@@ -10,7 +10,7 @@ writes the recording. Nothing here touches the event loop, a store or the disk.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 import attrs
 
@@ -19,7 +19,7 @@ from ._history import History
 from ._plan import DedupeEntry, FinishedCall, Plan, PlannedCall, PlannerState, _served_again
 from ._policy import resources_overlap
 from ._seams import CacheWrite, ErrorRecord
-from ._types import Status, ToolResult, ToolResultEvent
+from ._types import Status, ToolResult, ToolResultEvent, maker
 
 __all__ = ["CommitEffects", "commit", "forget_overlapping", "land"]
 
@@ -47,6 +47,9 @@ class CommitEffects:
     """A batch that completed: the kept calls it served, no longer needed."""
     errors: tuple[ErrorRecord, ...] = ()
     """The failures of calls that ran, one per signature (counted), for the error store."""
+
+
+_effects: Callable[..., CommitEffects] = maker(CommitEffects)  # every field in order: one per batch
 
 
 def forget_overlapping(remember: dict[str, DedupeEntry], writes: frozenset[str]) -> None:
@@ -152,18 +155,18 @@ def commit(
         finished = tuple((p.call_id, FinishedCall(arrived.get(p.index, p.key), r)) for p, r in kept)
     elif carried:
         consumed = tuple(plan.calls[i].call_id for i in carried)
-    return CommitEffects(
-        results=tuple(results),
-        history=tuple(history),
-        loaded=tuple(loaded),
-        spent_approvals=tuple(spent),
-        invalidations=frozenset(invalidated),
-        remember=tuple(remember.items()),
-        cache_writes=tuple(cache_writes),
-        events=events,
-        finished=finished,
-        consumed=consumed,
-        errors=tuple(errors.values()),
+    return _effects(  # CommitEffects, field by field
+        tuple(results),
+        tuple(history),
+        tuple(loaded),
+        tuple(spent),
+        frozenset(invalidated),
+        tuple(remember.items()),
+        tuple(cache_writes),
+        events,
+        finished,
+        consumed,
+        tuple(errors.values()),
     )
 
 

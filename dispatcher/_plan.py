@@ -33,7 +33,7 @@ from ._policy import resources_overlap
 from ._registry import RegisteredTool, Registry
 from ._results import describe, failure_result, normalize_output, safe_text, shown
 from ._seams import CacheEntry
-from ._types import Allow, Answer, Deny, Status, ToolCall, ToolResult, call_id_of
+from ._types import Allow, Answer, Deny, Status, ToolCall, ToolResult, call_id_of, maker
 
 __all__ = [
     "DEFAULT_MAX_ARGUMENT_BYTES",
@@ -279,6 +279,9 @@ class Plan:
     arrived_keys: Mapping[int, str] = attrs.field(factory=dict)
     """The calls an Allow(args) re-keyed: the key they arrived with, under which a resume of
     the batch will look them up."""
+
+
+_plan: Callable[..., Plan] = maker(Plan)  # every field in order: one is made per batch
 
 
 class _SeamFailed(Exception):
@@ -904,12 +907,7 @@ class Planner:
         rekeyed = {
             d.index: d.arrived_key for d in drafts if d.arrived_key is not None and d.arrived_key != d.key
         }
-        return Plan(
-            calls=tuple(calls),
-            groups=group_calls(calls),
-            carried=frozenset(self._carried),
-            arrived_keys=rekeyed,
-        )
+        return _plan(tuple(calls), group_calls(calls), frozenset(self._carried), rekeyed)
 
 
 def group_calls(calls: Sequence[PlannedCall]) -> tuple[tuple[int, ...], ...]:

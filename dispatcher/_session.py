@@ -319,7 +319,8 @@ class Session:
     ) -> list[ToolResult]:
         calls = tool_calls_of(calls)  # once: the planner and the recording read the same calls
         d = self.dispatcher
-        began, t0 = time.time(), time.monotonic()  # the pass timings of a BatchEvent
+        timed = bool(d._batch_subscribers)
+        began, t0 = (time.time(), time.monotonic()) if timed else (0.0, 0.0)  # for a BatchEvent
         self._round += 1
         self._rounds_total += 1
         store = d.cache
@@ -361,7 +362,7 @@ class Session:
                 if isinstance(decision, Answer) and call_id in answered:
                     gate_decisions.setdefault(call_id, decision)
         plan = planner.finish(drafts)
-        t1 = time.monotonic()
+        t1 = time.monotonic() if timed else 0.0
         if runner is None and d.runner is not None:
             runner = _public_runner(d.runner)
         # the epochs the reads of this batch start under: a write committed while they run
@@ -388,11 +389,12 @@ class Session:
             escaped = _cut_by(exc)
             raise
         finally:
-            t2 = time.monotonic()
+            t2 = time.monotonic() if timed else 0.0
             moved = d._written_since(since)
             if store is not None and store_since is not None and moved is not None:
                 moved = await moved_elsewhere(store, store_since, moved)
-            failures = await self._failure_notes(plan, executor.results)
+            ran = executor.results
+            failures = await self._failure_notes(plan, ran) if any(map(needs_note, ran.values())) else None
             effects = commit(
                 plan,
                 executor.results,
@@ -455,7 +457,7 @@ class Session:
             write_error=store is not None and "write_error" in d.registry,
             store_secret="store_secret" in d.registry and callable(self.state.get(SECRET_STORE_KEY)),
         )
-        if store is None or not any(needs_note(r) for r in ran.values()):
+        if store is None:
             return notes
         wanted = signatures_of((r, plan.calls[i].args) for i, r in ran.items())
         with anyio.CancelScope(shield=True):

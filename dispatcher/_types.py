@@ -478,7 +478,7 @@ class HistoryEntry:
         return self.result.duration
 
 
-def _maker(cls: type[Any]) -> Callable[..., Any]:
+def maker(cls: type[Any]) -> Callable[..., Any]:
     """A constructor of the frozen, slotted attrs class `cls` taking every field in order,
     for pass 2's per-call values: it sets the slots through their descriptors, where the
     frozen `__init__` goes through `object.__setattr__` once per field (half again slower).
@@ -499,12 +499,12 @@ def _maker(cls: type[Any]) -> Callable[..., Any]:
 
 
 new_result: Callable[[str, str, Status, str, bool, bool, bool, bool, float | None, float], ToolResult] = (
-    _maker(ToolResult)
+    maker(ToolResult)
 )
 """`ToolResult(call_id, name, status, content, retryable, effect_uncertain, cached, deduped,
 started, duration)`, every field given, faster."""
 
-new_context: Callable[[str, str, int, int, float | None, ContextHost | None], ToolContext] = _maker(
+new_context: Callable[[str, str, int, int, float | None, ContextHost | None], ToolContext] = maker(
     ToolContext
 )
 """`ToolContext(call_id, tool_name, run_id, round, deadline, host)`, faster."""
