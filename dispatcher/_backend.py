@@ -12,7 +12,9 @@ or where the kernel must know which loop it is on:
   second loop or thread is a clear error instead of a hang;
 - `wait_readable(fd)`: how pass 2 waits for a worker process's reply;
 - `BlockWatch`: how an async tool that holds the loop is caught — a probe the loop must
-  answer, posted from a thread that looks at the loop thread's stack while it waits.
+  answer, posted from a thread that looks at the loop thread's stack while it waits;
+- `Primitives.under_deadline`: how a call run alone is held to its timeout (on trio, a
+  call that returns before it first suspends pays for no cancel scope).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from types import FrameType
 from typing import Any
 
@@ -83,6 +86,102 @@ class Primitives:
     would_block: type[Exception]
     waiting: Callable[[Any], int]
     """How many tasks wait for a slot of a limiter (of any kind), cheaply."""
+    under_deadline: Callable[[Coroutine[Any, Any, Any], float], Awaitable[tuple[Any, bool]]]
+    """`await under_deadline(coro, deadline)` awaits `coro` as `with cancel_scope(deadline=
+    deadline)` around it would: (its value, whether the scope cut it short)."""
+
+
+async def _scoped(coro: Coroutine[Any, Any, Any], deadline: float) -> tuple[Any, bool]:
+    """`under_deadline` as it reads: the coroutine inside a cancel scope."""
+    with anyio.CancelScope(deadline=deadline) as scope:
+        return await coro, False
+    return None, scope.cancelled_caught
+
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any, Any]:
+    """What `await coro` does once its first step has yielded `yielded` (PEP 380's
+    `yield from`, spelt out): every value goes up to the loop, every answer down."""
+    while True:
+        try:
+            sent = yield yielded
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration as done:
+                return done.value
+        else:
+            try:
+                yielded = coro.send(sent)
+            except StopIteration as done:
+                return done.value
+
+
+def _scope_beneath(task: Any, base: Any, deadline: float) -> trio.CancelScope | None:
+    """A cancel scope of `deadline`, entered now as if before the call's first step: its
+    cancel status goes between `base` (the task's before that step) and the outermost
+    scope the step opened and left open, so theirs still close first and ours after, and
+    cancellation, shields included, reaches the call's scopes as from an outer scope. The
+    move is trio's own (`TaskStatus.started` moves cancel statuses the same way). None
+    if the step's scopes do not lead back to `base`."""
+    inner = task._cancel_status
+    top = inner
+    while top is not None and top.parent is not base:
+        top = top.parent
+    if top is None:
+        return None
+    scope = trio.CancelScope(deadline=deadline)
+    scope.__enter__()  # its status is made beneath `inner`, and is the task's for now
+    ours = task._cancel_status
+    ours.parent = base
+    top.parent = ours
+    task._activate_cancel_status(inner)
+    return scope
+
+
+async def _trio_under_deadline(coro: Coroutine[Any, Any, Any], deadline: float) -> tuple[Any, bool]:
+    """`under_deadline` on trio, where a cancel scope costs more than a quick call: the
+    call's first step runs before any scope exists, and a call that returns in it (it never
+    waited, so no scope could have cut it short) pays for none. One that suspended gets its
+    scope then, as if it had been there from the start (beneath the scopes its first step
+    opened, if it opened any)."""
+    task = trio.lowlevel.current_task()
+    base = task._cancel_status
+    try:
+        yielded = coro.send(None)
+    except StopIteration as done:
+        return done.value, False
+    if task._cancel_status is base:
+        with trio.CancelScope(deadline=deadline) as scope:
+            return await _resume(coro, yielded), False
+        return None, scope.cancelled_caught
+    beneath = _scope_beneath(task, base, deadline)
+    if beneath is None:  # pragma: no cover - a first step that left its own scopes misnested
+        return await _resume(coro, yielded), False
+    try:
+        value = await _resume(coro, yielded)
+    except BaseException as exc:
+        if beneath.__exit__(type(exc), exc, exc.__traceback__):
+            return None, True
+        raise
+    beneath.__exit__(None, None, None)
+    return value, False
+
+
+def _trio_holds_cancel_status() -> bool:
+    """Whether this trio keeps a task's cancel status where `_trio_under_deadline` reads it."""
+    try:
+        status = trio.lowlevel.current_task()._cancel_status
+        return (
+            hasattr(status, "_scope")
+            and hasattr(status, "effectively_cancelled")
+            and hasattr(status, "parent")
+        )
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def _waiting(limiter: Any) -> int:
@@ -109,6 +208,7 @@ _TRIO = Primitives(
     trio.CapacityLimiter,
     trio.WouldBlock,
     _waiting,
+    _trio_under_deadline,
 )
 
 
@@ -127,7 +227,8 @@ def _trio_clock() -> Callable[[], float]:
 def primitives() -> Primitives:
     """The running loop's primitives (see `Primitives`)."""
     if sniffio.current_async_library() == "trio":
-        return attrs.evolve(_TRIO, clock=_trio_clock())
+        eager = _trio_under_deadline if _trio_holds_cancel_status() else _scoped
+        return attrs.evolve(_TRIO, clock=_trio_clock(), under_deadline=eager)
     return Primitives(
         "asyncio",
         asyncio.get_running_loop().time,
@@ -140,6 +241,7 @@ def primitives() -> Primitives:
         anyio.CapacityLimiter,
         anyio.WouldBlock,
         _waiting,
+        _scoped,
     )
 
 

@@ -29,6 +29,7 @@ import logging
 import math
 import threading
 import time
+import types
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import FrameType
 from typing import Any
@@ -486,11 +487,20 @@ class Executor:
                 value = await self._start(planned, ctx, args, borrower, timeout)
                 slot.idle()
             else:
-                # a scope with a deadline: move_on_after is a generator-made wrapper of the same
-                with self._p.cancel_scope(deadline=self._now() + timeout) as scope:
-                    value = await self._start(planned, ctx, args, borrower, timeout)
-                if scope.cancelled_caught:
-                    return self._timed_out(planned, timeout, started, t0)
+                deadline = self._now() + timeout
+                awaitable = self._start(planned, ctx, args, borrower, timeout)
+                if type(awaitable) is types.CoroutineType:
+                    # a handler's coroutine (or a runner's), held to its deadline without a
+                    # cancel scope of its own while it never waits
+                    value, late = await self._p.under_deadline(awaitable, deadline)
+                    if late:
+                        return self._timed_out(planned, timeout, started, t0)
+                else:
+                    # a scope with a deadline: move_on_after is a generator-made wrapper of it
+                    with self._p.cancel_scope(deadline=deadline) as scope:
+                        value = await awaitable
+                    if scope.cancelled_caught:
+                        return self._timed_out(planned, timeout, started, t0)
             duration = time.monotonic() - t0
             if duration > timeout and tool.is_async:
                 # it held the loop (or swallowed its cancellation) past its timeout: what it

@@ -60,9 +60,15 @@ def shown(value: Any, limit: int = 120) -> str:
 
 
 def describe(exc: BaseException) -> str:
-    """`"ValueError: the message"` for an exception, or its type alone; never raises."""
+    """`"ValueError: the message"` for an exception, or its type alone; a group of them
+    (a task group's) names what it holds, the first three; never raises."""
     text = safe_text(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    said = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    if isinstance(exc, BaseExceptionGroup):
+        held = [describe(inner) for inner in exc.exceptions[:3]]
+        more = len(exc.exceptions) - len(held)
+        said += " [" + "; ".join(held) + (f"; and {more} more" if more > 0 else "") + "]"
+    return said
 
 
 def well_formed(text: str) -> str:
