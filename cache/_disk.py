@@ -53,6 +53,16 @@ diskcache internals relied on
     statements naming it fails and the cache disables itself (below); one without `_con`
     fails loudly when the cache is made. Neither can serve a stale entry.
 
+Reads on the event loop
+    A hit is a SELECT of a few small rows that SQLite answers from memory in microseconds,
+    far less than handing it to a worker thread and back. `get_many` therefore reads on
+    the loop's own thread when it can do so without waiting or writing: the rows'
+    values are in the database (not files), their access times need no refresh, and the
+    store has been quick. Anything else (a value file to read, an access time to write,
+    a fault) goes to a worker thread, which reads again; a lookup on the loop that took
+    over `INLINE_STALL` sends every lookup to a thread for `INLINE_PAUSE`. Writes always
+    go to a thread: they take SQLite's write lock, which another process may hold.
+
 Several processes
     SQLite does the work. Every write (a `set`, the deleting part of an `invalidate`) is
     one `BEGIN IMMEDIATE` transaction, so two processes writing one key are serialized
@@ -104,6 +114,10 @@ _FORMAT: Final = 1
 _SWEEP_GRACE: Final = 300.0
 # An entry's access time (the LRU order) is refreshed by a hit at most this often.
 _TOUCH_AFTER: Final = 60.0
+INLINE_STALL: Final = 0.002
+"""A lookup on the event loop's thread that took longer than this (seconds) ..."""
+INLINE_PAUSE: Final = 30.0
+"""... sends lookups to a worker thread for this long (seconds)."""
 
 _PRIVATE_DIR: Final = 0o700
 _PRIVATE_FILE: Final = 0o600
@@ -385,6 +399,8 @@ class DiskResultCache:
         self._clock = clock
         self._counters = CacheCounters()
         self._store: Any = None  # a diskcache.Cache while healthy, None once disabled
+        self._threads_until = 0.0  # time.monotonic() until which lookups go to a thread
+        self._inline_reads = 0
         try:
             new_database = _private_folder(self._directory)
             store = diskcache.Cache(
@@ -426,7 +442,48 @@ class DiskResultCache:
         return await anyio.to_thread.run_sync(self.get_sync, key)
 
     async def get_many(self, keys: Sequence[str]) -> dict[str, CacheEntry]:
+        if time.monotonic() >= self._threads_until:
+            found = self._get_many_inline(keys)
+            if found is not None:
+                return found
         return await anyio.to_thread.run_sync(self.get_many_sync, keys)
+
+    def _get_many_inline(self, keys: Sequence[str]) -> dict[str, CacheEntry] | None:
+        """`get_many_sync` on the caller's thread, or None (nothing counted) when it would
+        have to read a file, write an access time, or report a fault: a thread does those."""
+        store = self._store
+        if store is None:
+            return None
+        asked = list(dict.fromkeys(keys))
+        began = time.monotonic()
+        try:
+            rows = _read_values(store, asked)
+        except _STORE_FAILURES:
+            return None  # the thread asks again, and disables the store if it must
+        wall_now = time.time()
+        took = time.monotonic() - began
+        if took > INLINE_STALL and self._inline_reads:  # the first read opens a connection
+            self._threads_until = began + INLINE_PAUSE
+            _log.info(
+                "result cache %s took %.1f ms to answer on the event loop: lookups go to a thread for %g s",
+                self._directory,
+                took * 1e3,
+                INLINE_PAUSE,
+            )
+        self._inline_reads += 1
+        values: dict[str, bytes] = {}
+        for key, (_, access_time, mode, filename, value) in rows.items():
+            if filename is not None or not isinstance(value, bytes) or mode not in (MODE_RAW, MODE_BINARY):
+                return None
+            if not (isinstance(access_time, float) and wall_now - access_time < _TOUCH_AFTER):
+                return None
+            values[key] = value
+        found: dict[str, CacheEntry] = {}
+        for key in asked:
+            entry = self._live(values.get(key))
+            if entry is not None:
+                found[key] = entry
+        return found
 
     async def set(self, key: str, content: str, *, ttl: float, reads: Iterable[str] = ()) -> None:
         """Keep `content` under `key` for `ttl` seconds, remembering what it read."""

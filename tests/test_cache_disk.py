@@ -759,18 +759,70 @@ async def test_the_async_seam_keeps_and_serves_a_batch(kind: str, folder: Path, 
     assert await made.get_many(["b"]) == {}
 
 
-async def test_the_disk_store_works_off_the_event_loop_thread(disk: DiskResultCache) -> None:
-    """Every operation of the disk store's seam runs in a worker thread, never the loop's."""
+def _spy(disk: DiskResultCache, name: str) -> list[int]:
+    """The threads that call `disk.<name>` from now on."""
     seen: list[int] = []
-    real = disk.get_many_sync
+    real = getattr(disk, name)
 
-    def spy(keys: Sequence[str]) -> dict[str, CacheEntry]:
+    def spy(*args: Any, **kwargs: Any) -> Any:
         seen.append(threading.get_ident())
-        return real(keys)
+        return real(*args, **kwargs)
 
-    disk.get_many_sync = spy  # type: ignore[method-assign]
-    await disk.get_many(["a", "b"])
-    assert seen and seen[0] != threading.get_ident()
+    setattr(disk, name, spy)
+    return seen
+
+
+async def test_the_disk_store_writes_off_the_event_loop_thread(disk: DiskResultCache) -> None:
+    """Writes and invalidations, which take SQLite's write lock, run in a worker thread."""
+    writes, invalidations = _spy(disk, "set_many_sync"), _spy(disk, "invalidate_sync")
+    await disk.set_many([CacheWrite("a", "A", 60, frozenset({"file:/w/a"}))])
+    await disk.invalidate(["file:/w/a"])
+    here = threading.get_ident()
+    assert writes and invalidations and here not in writes + invalidations
+
+
+async def test_a_small_hit_is_read_on_the_event_loop(disk: DiskResultCache) -> None:
+    """A hit whose value is in the database and whose access time is fresh is read on the
+    loop's thread, with the same answer as the thread's."""
+    disk.set_many_sync([CacheWrite("a", "A", 60, frozenset({"file:/w/a"})), CacheWrite("b", "B", 60)])
+    threaded = disk.get_many_sync(["a", "b", "c"])
+    hops = _spy(disk, "get_many_sync")
+    assert await disk.get_many(["a", "b", "c"]) == threaded
+    assert hops == []
+    assert set(threaded) == {"a", "b"} and threaded["a"].reads == frozenset({"file:/w/a"})
+
+
+async def test_a_value_file_or_a_stale_access_time_is_read_in_a_thread(disk: DiskResultCache) -> None:
+    """A lookup that must read a value file, or write an access time, goes to a thread."""
+    disk.set_many_sync([CacheWrite("big", "x" * 100_000, 60), CacheWrite("old", "O", 60)])
+    hops = _spy(disk, "get_many_sync")
+    found = await disk.get_many(["big"])
+    assert found["big"].content == "x" * 100_000 and len(hops) == 1
+    con = sqlite3.connect(disk.directory / "cache.db")
+    with con:
+        con.execute("UPDATE Cache SET access_time = 0")
+    con.close()
+    assert (await disk.get_many(["old"]))["old"].content == "O" and len(hops) == 2
+    assert hops[0] != threading.get_ident()
+    assert (await disk.get_many(["old"]))["old"].content == "O" and len(hops) == 2  # touched
+
+
+async def test_a_slow_lookup_on_the_loop_sends_lookups_to_a_thread(
+    disk: DiskResultCache, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lookup on the loop that took longer than the stall limit sends the next ones to a
+    worker thread, with one line on the cache's log."""
+    disk.set_many_sync([CacheWrite("a", "A", 60)])
+    await disk.get_many(["a"])  # the loop's first lookup opens its connection: not timed
+    monkeypatch.setattr(cache._disk, "INLINE_STALL", -1.0)
+    hops = _spy(disk, "get_many_sync")
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert "a" in await disk.get_many(["a"])  # on the loop, and "slow"
+        assert hops == []
+        assert "a" in await disk.get_many(["a"])
+        assert "a" in await disk.get_many(["a"])
+    assert len(hops) == 2 and threading.get_ident() not in hops
+    assert sum("go to a thread" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_set_many_writes_a_batch_in_one_transaction(disk: DiskResultCache) -> None:
