@@ -59,9 +59,11 @@ Reads on the event loop
     the loop's own thread when it can do so without waiting or writing: the rows'
     values are in the database (not files), their access times need no refresh, and the
     store has been quick. Anything else (a value file to read, an access time to write,
-    a fault) goes to a worker thread, which reads again; a lookup on the loop that took
-    over `INLINE_STALL` sends every lookup to a thread for `INLINE_PAUSE`. Writes always
-    go to a thread: they take SQLite's write lock, which another process may hold.
+    a fault) goes to a worker thread, which reads again; a lookup on the loop that waited
+    (the thread slept: on Linux, its voluntary context switches say so, as a preempted
+    thread's do not) and took over `INLINE_STALL` sends every lookup to a thread for
+    `INLINE_PAUSE`. Writes always go to a thread: they take SQLite's write lock, which
+    another process may hold.
 
 Several processes
     SQLite does the work. Every write (a `set`, the deleting part of an `invalidate`) is
@@ -90,6 +92,7 @@ import logging
 import math
 import os
 import sqlite3
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -100,6 +103,9 @@ import anyio.to_thread
 import diskcache
 import platformdirs
 from diskcache.core import MODE_BINARY, MODE_RAW
+
+if sys.platform != "win32":
+    import resource
 
 from ._protocol import CacheCounters, CacheEntry, CacheStatistics, CacheWrite
 
@@ -114,9 +120,9 @@ _FORMAT: Final = 1
 _SWEEP_GRACE: Final = 300.0
 # An entry's access time (the LRU order) is refreshed by a hit at most this often.
 _TOUCH_AFTER: Final = 60.0
-INLINE_STALL: Final = 0.002
+INLINE_STALL: Final = 0.02
 """A lookup on the event loop's thread that took longer than this (seconds) ..."""
-INLINE_PAUSE: Final = 30.0
+INLINE_PAUSE: Final = 10.0
 """... sends lookups to a worker thread for this long (seconds)."""
 
 _PRIVATE_DIR: Final = 0o700
@@ -378,6 +384,16 @@ def _read_values(store: Any, keys: Sequence[str]) -> dict[str, tuple[Any, ...]]:
     return rows
 
 
+_RUSAGE_THREAD: int | None = None if sys.platform == "win32" else getattr(resource, "RUSAGE_THREAD", None)
+
+
+def _sleeps() -> int:
+    """How often this thread has gone to sleep (Linux counts it), or 0 where unknown."""
+    if sys.platform == "win32" or _RUSAGE_THREAD is None:
+        return 0
+    return resource.getrusage(_RUSAGE_THREAD).ru_nvcsw
+
+
 class DiskResultCache:
     """A `ResultCache` in a diskcache folder, shared by every process that opens it.
 
@@ -455,6 +471,7 @@ class DiskResultCache:
         if store is None:
             return None
         asked = list(dict.fromkeys(keys))
+        slept = _sleeps()
         began = time.monotonic()
         try:
             rows = _read_values(store, asked)
@@ -462,7 +479,8 @@ class DiskResultCache:
             return None  # the thread asks again, and disables the store if it must
         wall_now = time.time()
         took = time.monotonic() - began
-        if took > INLINE_STALL and self._inline_reads:  # the first read opens a connection
+        # slow, and not for being preempted; the first read opens the thread's connection
+        if took > INLINE_STALL and _sleeps() != slept and self._inline_reads:
             self._threads_until = began + INLINE_PAUSE
             _log.info(
                 "result cache %s took %.1f ms to answer on the event loop: lookups go to a thread for %g s",

@@ -204,14 +204,20 @@ def carries_credentials(args: Mapping[str, Any]) -> bool:
     """True if the arguments carry a credential: a credential header (mapping or pairs),
     a credential query parameter or user info in `url`/`uri`/`href`, or a credential
     parameter in `params`. Such a call's result is never written to the result cache."""
-    if any(is_credential_name(name) for name in _header_names(args.get("headers"))):
+    get = args.get
+    headers = get("headers")
+    if headers is not None and any(is_credential_name(name) for name in _header_names(headers)):
         return True
     for key in _URL_KEYS:
-        value = args.get(key)
-        if isinstance(value, str) and url_credentials(value):
+        value = get(key)
+        if value is not None and isinstance(value, str) and url_credentials(value):
             return True
-    params = args.get("params")
-    return isinstance(params, Mapping) and any(is_credential_parameter(str(k)) for k in params)
+    params = get("params")
+    return (
+        params is not None
+        and isinstance(params, Mapping)
+        and any(is_credential_parameter(str(k)) for k in params)
+    )
 
 
 class _Redactor:

@@ -33,7 +33,7 @@ from ._policy import resources_overlap
 from ._registry import RegisteredTool, Registry
 from ._results import describe, failure_result, normalize_output, safe_text, shown
 from ._seams import CacheEntry
-from ._types import Allow, Answer, Deny, Status, ToolCall, ToolResult, call_id_of, maker
+from ._types import Allow, Answer, Deny, Status, ToolCall, ToolResult, call_id_of, maker, new_result
 
 __all__ = [
     "DEFAULT_MAX_ARGUMENT_BYTES",
@@ -281,6 +281,7 @@ class Plan:
     the batch will look them up."""
 
 
+_OK = Status.ok
 _plan: Callable[..., Plan] = maker(Plan)  # every field in order: one is made per batch
 
 
@@ -748,10 +749,9 @@ class Planner:
                 log.warning("result cache returned %s, not a CacheEntry; treated as a miss", shown(hit))
                 hit = None
             if hit is not None and not (pending_writes and resources_overlap(hit.reads, pending_writes)):
+                # ToolResult(d.call_id, d.name, ok, hit.content, cached=True), field by field
                 d.decide(
-                    ToolResult(
-                        call_id=d.call_id, name=d.name, status=Status.ok, content=hit.content, cached=True
-                    )
+                    new_result(d.call_id, d.name, _OK, hit.content, False, False, True, False, None, 0.0)
                 )
                 return True
         return False

@@ -807,6 +807,30 @@ async def test_a_value_file_or_a_stale_access_time_is_read_in_a_thread(disk: Dis
     assert (await disk.get_many(["old"]))["old"].content == "O" and len(hops) == 2  # touched
 
 
+async def test_a_lookup_that_was_only_slow_stays_on_the_loop(
+    disk: DiskResultCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow lookup during which the thread never slept (it was preempted, the machine is
+    busy) keeps lookups on the loop."""
+    disk.set_many_sync([CacheWrite("a", "A", 60)])
+    await disk.get_many(["a"])
+    monkeypatch.setattr(cache._disk, "INLINE_STALL", -1.0)
+    hops = _spy(disk, "get_many_sync")
+    for _ in range(3):
+        assert "a" in await disk.get_many(["a"])
+    assert hops == []
+
+
+def test_the_thread_sleeps_are_counted_here() -> None:
+    """On Linux the count of a thread's sleeps moves when it sleeps, so a stall is told
+    from preemption."""
+    if cache._disk._RUSAGE_THREAD is None:
+        pytest.skip("this system does not count a thread's sleeps")
+    before = cache._disk._sleeps()
+    time.sleep(0.01)
+    assert cache._disk._sleeps() > before
+
+
 async def test_a_slow_lookup_on_the_loop_sends_lookups_to_a_thread(
     disk: DiskResultCache, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -815,6 +839,8 @@ async def test_a_slow_lookup_on_the_loop_sends_lookups_to_a_thread(
     disk.set_many_sync([CacheWrite("a", "A", 60)])
     await disk.get_many(["a"])  # the loop's first lookup opens its connection: not timed
     monkeypatch.setattr(cache._disk, "INLINE_STALL", -1.0)
+    slept = iter(range(1_000_000))
+    monkeypatch.setattr(cache._disk, "_sleeps", lambda: next(slept))  # it slept in every read
     hops = _spy(disk, "get_many_sync")
     with caplog.at_level(logging.INFO, logger=LOGGER):
         assert "a" in await disk.get_many(["a"])  # on the loop, and "slow"
