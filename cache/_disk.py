@@ -474,7 +474,12 @@ class DiskResultCache:
         slept = _sleeps()
         began = time.monotonic()
         try:
-            rows = _read_values(store, asked)
+            if len(asked) == 1:  # one key, the common batch: the statement SQLite keeps ready
+                key = asked[0]
+                one = _connection(store).execute(_SELECT_VALUE, (key, time.time())).fetchone()
+                rows = {} if one is None else {key: one}
+            else:
+                rows = _read_values(store, asked)
         except _STORE_FAILURES:
             return None  # the thread asks again, and disables the store if it must
         wall_now = time.time()
