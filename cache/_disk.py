@@ -121,10 +121,12 @@ _FORMAT: Final = 1
 _SWEEP_GRACE: Final = 300.0
 # An entry's access time (the LRU order) is refreshed by a hit at most this often.
 _TOUCH_AFTER: Final = 60.0
-INLINE_STALL: Final = 0.02
-"""A lookup on the event loop's thread that took longer than this (seconds) ..."""
+INLINE_STALL: Final = 0.1
+"""A lookup on the event loop's thread that slept and took longer than this (seconds) ...
+(a busy machine's preemption, and the GIL's hand-offs, add milliseconds, not this)"""
 INLINE_PAUSE: Final = 10.0
-"""... sends lookups to a worker thread for this long (seconds)."""
+"""... sends lookups to a worker thread for this long (seconds): a disk that stalls holds
+the loop up at most `INLINE_STALL` in every `INLINE_PAUSE`."""
 
 _PRIVATE_DIR: Final = 0o700
 _PRIVATE_FILE: Final = 0o600
