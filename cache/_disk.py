@@ -121,6 +121,8 @@ _FORMAT: Final = 1
 _SWEEP_GRACE: Final = 300.0
 # An entry's access time (the LRU order) is refreshed by a hit at most this often.
 _TOUCH_AFTER: Final = 60.0
+_DECODED_BYTES: Final = 2048  # stored values up to this size are kept decoded ...
+_DECODED_ENTRIES: Final = 1024  # ... this many at most (then the memo starts again)
 INLINE_STALL: Final = 0.1
 """A lookup on the event loop's thread that slept and took longer than this (seconds) ...
 (a busy machine's preemption, and the GIL's hand-offs, add milliseconds, not this)"""
@@ -418,6 +420,9 @@ class DiskResultCache:
         self._counters = CacheCounters()
         self._store: Any = None  # a diskcache.Cache while healthy, None once disabled
         self._threads_until = 0.0  # time.monotonic() until which lookups go to a thread
+        # small stored values already decoded, by their bytes: a value is the same document
+        # whenever its bytes are, and its entry is frozen, so a hit of it decodes nothing
+        self._decoded: dict[bytes, tuple[float, CacheEntry]] = {}
         self._inline_reads = 0
         try:
             new_database = _private_folder(self._directory)
@@ -585,12 +590,19 @@ class DiskResultCache:
         if raw is None:
             self._counters.misses += 1
             return None
-        try:
-            expires_at, entry = _decode(raw)
-        except _Undecodable:
-            self._counters.errors += 1
-            self._counters.misses += 1
-            return None
+        decoded = self._decoded.get(raw)
+        if decoded is None:
+            try:
+                decoded = _decode(raw)
+            except _Undecodable:
+                self._counters.errors += 1
+                self._counters.misses += 1
+                return None
+            if len(raw) <= _DECODED_BYTES:
+                if len(self._decoded) >= _DECODED_ENTRIES:
+                    self._decoded.clear()
+                self._decoded[raw] = decoded
+        expires_at, entry = decoded
         if self._clock() >= expires_at:
             self._counters.expired += 1
             self._counters.misses += 1

@@ -974,3 +974,26 @@ async def test_a_header_that_only_looks_like_a_credential_is_cached(tmp_path: Pa
     again, _ = _web_dispatcher(tmp_path, folder)
     assert (await again.invoke("http_request", args)).cached
     store.close()
+
+
+def test_a_small_value_read_again_is_not_decoded_again(
+    disk: DiskResultCache, monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    """A hit of a small value already read decodes nothing; a value written anew is read
+    anew, and a kept entry still expires on time."""
+    decoded: list[bytes] = []
+    real = cache._disk._decode
+
+    def counting(raw: bytes) -> Any:
+        decoded.append(raw)
+        return real(raw)
+
+    monkeypatch.setattr(cache._disk, "_decode", counting)
+    disk.set_many_sync([CacheWrite("a", "first", 60)])
+    for _ in range(3):
+        assert disk.get_many_sync(["a", "b"])["a"].content == "first"
+    assert len(decoded) == 1
+    disk.set_many_sync([CacheWrite("a", "second", 60)])
+    assert disk.get_many_sync(["a", "b"])["a"].content == "second" and len(decoded) == 2
+    clock.now += 61
+    assert disk.get_many_sync(["a", "b"]) == {}
