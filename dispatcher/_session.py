@@ -350,8 +350,9 @@ class Session:
         wanted = planner.lookups(drafts)
         found: Mapping[str, CacheEntry] = await look_up(store, wanted) if store is not None and wanted else {}
         planner.resolve(drafts, found)
+        gated = planner.gated(drafts)
         try:
-            gate_decisions = await self._gate(planner, drafts, decisions, gate or d.gate)
+            gate_decisions = await self._gate(planner, gated, decisions, gate or d.gate) if gated else {}
         except DispatchInterrupted:
             if d._batch_subscribers:
                 await self._tell_batch(self._batch_event((), (), frozenset(), "interrupted", began, t0))
@@ -512,14 +513,15 @@ class Session:
     async def _gate(
         self,
         planner: Planner,
-        drafts: list[Draft],
+        gated: list[Draft],
         decisions: Mapping[str, Allow | Deny | Answer] | None,
         gate: Callable[..., Any] | None,
     ) -> dict[str, Decision]:
-        """Every gate answered, in call order, before anything runs; then the first Interrupt raises."""
+        """Every gate answered (`gated`, the calls that need one, in call order) before
+        anything runs; then the first Interrupt raises."""
         pending: list[tuple[ToolCall, str, Any]] = []
         taken: dict[str, Decision] = {}
-        for draft in planner.gated(drafts):
+        for draft in gated:
             decision: Any = planner.take_decision(draft, decisions)
             if decision is None:
                 if gate is None:
