@@ -240,15 +240,22 @@ class Executor:
         blocking = self._blocking
         if blocking is not None:
             blocking.enter()
+        # taken and given back by hand: `async with` a null context costs more than a call
+        lock = holder.lock() if holder is not None and self._nested else None
         try:
-            async with holder.lock() if holder is not None and self._nested else contextlib.nullcontext():
+            if lock is not None:
+                await lock.acquire()
+            try:
                 for group in plan.groups:
                     if len(group) == 1 or self._nested:
-                        await self._worker(collections.deque(calls[i] for i in group), _Slot(watched=False))
+                        await self._worker(collections.deque([calls[i] for i in group]), _Slot(watched=False))
                     else:
                         await self._run_group([calls[i] for i in group])
                     if self.control:
                         return  # later groups do not start
+            finally:
+                if lock is not None:
+                    lock.release()
         finally:
             if blocking is not None:
                 blocking.exit()
@@ -309,34 +316,31 @@ class Executor:
     async def _worker(self, todo: collections.deque[PlannedCall], slot: _Slot) -> None:
         running_on = _RUNNING_ON.set(_Holder(self._limiter))  # the slot a handler run here holds
         try:
-            await self._work(todo, slot)
+            if not slot.watched:  # no watchdog to cancel it: each call's own scope is its timeout
+                while todo:
+                    await self._run_call(todo.popleft(), slot)
+                return
+            while True:
+                with self._p.cancel_scope() as scope:
+                    slot.scope = scope
+                    while todo:
+                        await self._run_call(todo.popleft(), slot)
+                        if scope.cancel_called:
+                            # the call overran but swallowed its cancellation and returned:
+                            # the next call must not inherit a cancelled scope
+                            break
+                    else:
+                        return
+                # only the watchdog cancels this scope: the running call timed out
+                timed_out = slot.running
+                if timed_out is not None and slot.ctx is not None:
+                    slot.running = None
+                    result = self._timed_out(timed_out, slot.timeout, slot.started, slot.t0)
+                    await self._finish(timed_out, result, slot.ctx)
         finally:
             _RUNNING_ON.reset(running_on)
             if slot.borrower is not None:
                 self._give_back(slot)
-
-    async def _work(self, todo: collections.deque[PlannedCall], slot: _Slot) -> None:
-        if not slot.watched:  # no watchdog to cancel it: each call's own scope is its timeout
-            while todo:
-                await self._run_call(todo.popleft(), slot)
-            return
-        while True:
-            with self._p.cancel_scope() as scope:
-                slot.scope = scope
-                while todo:
-                    await self._run_call(todo.popleft(), slot)
-                    if scope.cancel_called:
-                        # the call overran but swallowed its cancellation and returned:
-                        # the next call must not inherit a cancelled scope
-                        break
-                else:
-                    return
-            # only the watchdog cancels this scope: the running call timed out
-            timed_out = slot.running
-            if timed_out is not None and slot.ctx is not None:
-                slot.running = None
-                result = self._timed_out(timed_out, slot.timeout, slot.started, slot.t0)
-                await self._finish(timed_out, result, slot.ctx)
 
     def _give_back(self, slot: _Slot) -> None:
         """Return the limiter slot a worker kept between its calls."""

@@ -13,7 +13,7 @@ import contextvars
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -254,16 +254,17 @@ class Session:
     async def __aexit__(self, *exc_info: object) -> None:
         self.close()
 
-    async def dispatch(
+    def dispatch(
         self,
         calls: Any,
         *,
         decisions: Mapping[str, Allow | Deny | Answer] | None = None,
-    ) -> list[ToolResult]:
-        """Run one batch: one result per call, in call order, ids preserved. `calls` is a
-        list of call items (dicts or the SDKs' objects) or a whole assistant message,
-        whose blocks that are not calls are skipped."""
-        return await self._dispatch(calls, decisions=decisions, all_loaded=False)
+    ) -> Coroutine[Any, Any, list[ToolResult]]:
+        """Run one batch (`await session.dispatch(calls)`): one result per call, in call
+        order, ids preserved. `calls` is a list of call items (dicts or the SDKs' objects)
+        or a whole assistant message, whose blocks that are not calls are skipped. (It
+        returns the batch's coroutine itself, rather than being one that awaits it.)"""
+        return self._dispatch(calls, decisions=decisions, all_loaded=False)
 
     def _context(self, call_id: str, name: str) -> ToolContext:
         return ToolContext(call_id, name, self._run_id, self._round, self._deadline, self)
