@@ -182,7 +182,9 @@ class _Crew:
 class Executor:
     """Runs the groups of one plan. `results` is filled as calls finish (pass 3 reads it).
 
-    Timeouts: a lone call runs under its own `move_on_after`. In a concurrent group a
+    Timeouts: a lone call is held to its deadline as a cancel scope around it would hold
+    it (`Primitives.under_deadline`: on trio, one that returns before it first waits pays
+    for no scope at all; one that waits gets its scope then). In a concurrent group a
     cancel scope per call would cost more than the rest of the call's overhead, so each
     worker keeps one scope and one watchdog task per group sleeps until the earliest
     running call's deadline and cancels just that worker. A call that starts at `s`
