@@ -186,12 +186,12 @@ local dropped = drop(invalidated)
 local now = now_ms()
 redis.call("ZREMRANGEBYSCORE", P .. "entries", "-inf", int(now))
 local function index(set, key, px)
+  local left = redis.call("PTTL", set)  -- -2: no such set; -1: kept for ever
   redis.call("SADD", set, key)
   if px == 0 then
     redis.call("PERSIST", set)
-  else
-    local left = redis.call("PTTL", set)
-    if left ~= -1 and left < px then redis.call("PEXPIRE", set, px) end
+  elseif left == -2 or (left >= 0 and left < px) then
+    redis.call("PEXPIRE", set, px)
   end
   if redis.call("SCARD", set) > 64 then
     -- members whose entry went first: a few pruned per write keeps them a small share
@@ -251,8 +251,15 @@ return redis.call("ZCOUNT", ARGV[1] .. "entries", "(" .. string.format("%d", now
 )
 
 
-def _trimmed(resource: str) -> str:
-    return resource[:-1] if resource.endswith("/") else resource
+def _trimmed(resource: str) -> bytes:
+    """A resource as the index keeps it: no trailing "/", UTF-8 bytes (`surrogatepass`, so
+    any `str` path fits; byte prefixes are exactly string prefixes)."""
+    trimmed = resource[:-1] if resource.endswith("/") else resource
+    return trimmed.encode("utf-8", "surrogatepass")
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
 
 
 def _glob_escaped(text: str) -> str:
@@ -332,7 +339,7 @@ class RedisResultCache:
         self._breaker = Breaker(_log, f"result cache Redis {self._url} (namespace {namespace!r})")
         self._counters = CacheCounters()
         # invalidations not yet delivered; None once more were lost than are kept
-        self._pending: list[str] | None = []
+        self._pending: list[bytes] | None = []
 
     @property
     def url(self) -> str:
@@ -382,14 +389,14 @@ class RedisResultCache:
         self._counters.errors += 1
         self._breaker.failed(exc)
 
-    def _hold_back(self, resources: Iterable[str]) -> None:
+    def _hold_back(self, resources: list[bytes]) -> None:
         """Keep invalidations that did not reach Redis, to deliver once it answers."""
         if self._pending is not None:
-            self._pending.extend(_trimmed(r) for r in resources)
+            self._pending.extend(resources)
             if len(self._pending) > _PENDING_KEPT:
                 self._pending = None  # too many to replay: every entry goes instead
 
-    def _drop_args(self, resources: Sequence[str]) -> list[Any]:
+    def _drop_args(self, resources: Sequence[bytes]) -> list[Any]:
         return [self._prefix, self._moved_kept, len(resources), *resources]
 
     # -- the async seam -------------------------------------------------------------------
@@ -405,7 +412,7 @@ class RedisResultCache:
         if not await self._usable():
             self._counters.misses += len(asked)
             return {}
-        names = [self._prefix + "e:" + k for k in asked]
+        names = [_utf8(self._prefix + "e:") + _utf8(k) for k in asked]
         try:
             values = await self._connection.call(lambda c: c.mget(names))
         except FAILURES as exc:
@@ -445,7 +452,7 @@ class RedisResultCache:
         for w in live:
             px = 0 if not math.isfinite(w.ttl) else max(1, math.ceil(w.ttl * 1000))
             reads = sorted({_trimmed(r) for r in w.reads})
-            args += [w.key, px, _encode(w.content, w.reads, now), len(reads), *reads]
+            args += [_utf8(w.key), px, _encode(w.content, w.reads, now), len(reads), *reads]
         try:
             raced, dropped, kept = await self._connection.evaluate(_SET_MANY, [], args)
         except FAILURES as exc:

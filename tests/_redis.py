@@ -5,16 +5,22 @@ the same port (outage tests)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import select
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
-__all__ = ["RedisServer", "free_port", "running_redis"]
+import anyio
+
+__all__ = ["RedisServer", "Worker", "free_port", "running_redis", "worker_main"]
 
 _START_TIMEOUT = 10.0
 
@@ -97,3 +103,111 @@ def running_redis(program: str, folder: Path | None = None) -> Iterator[RedisSer
         server.start()
         stack.callback(server.stop)
         yield server
+
+
+# --- a worker process: a Dispatcher sharing a RedisResultCache, driven by JSON lines -------
+
+WORKER_SCRIPT = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from tests._redis import worker_main; worker_main(sys.argv[2:])"
+)
+
+
+def _worker_registry() -> Any:
+    from dispatcher import CachePolicy, Registry, Tool
+
+    # sync handlers: they run in worker threads, so they may block
+    def read_file(args: Mapping[str, Any], ctx: Any) -> str:
+        seen = Path(args["path"]).read_text()
+        hold = args.get("hold")
+        if hold:  # say the read has happened, then wait for the test's go-ahead
+            Path(hold + ".started").write_text("")
+            deadline = time.monotonic() + 30
+            while not Path(hold + ".go").exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return seen
+
+    def list_dir(args: Mapping[str, Any], ctx: Any) -> str:
+        return "\n".join(sorted(p.name for p in Path(args["path"]).iterdir()))
+
+    def write_file(args: Mapping[str, Any], ctx: Any) -> str:
+        Path(args["path"]).write_text(args["text"])
+        return "written"
+
+    path = {"type": "object", "properties": {"path": {"type": "string"}, "hold": {"type": "string"}}}
+    text = {"type": "object", "properties": {"path": {"type": "string"}, "text": {"type": "string"}}}
+    shared = CachePolicy(scope="shared")
+    return Registry(
+        [
+            Tool("read_file", "Read.", read_file, path, deferred=False, concurrent=True, cache=shared,
+                 reads=lambda a: {"file:" + a["path"]}),
+            Tool("list_dir", "List.", list_dir, path, deferred=False, concurrent=True, cache=shared,
+                 reads=lambda a: {"file:" + a["path"] + "/"}),
+            Tool("write_file", "Write.", write_file, text, deferred=False,
+                 writes=lambda a: {"file:" + a["path"]}),
+        ]
+    )  # fmt: skip
+
+
+def worker_main(argv: list[str]) -> None:
+    """`url namespace backend`: each stdin line is a JSON list of calls `[name, args]`,
+    dispatched in a fresh session; each answer a JSON list of `{ok, content, cached}`."""
+    from cache import RedisResultCache
+    from dispatcher import Dispatcher, ToolCall
+
+    url, namespace, backend = argv
+    dispatcher = Dispatcher(_worker_registry(), cache=RedisResultCache(url, namespace=namespace))
+
+    async def serve() -> None:
+        for n, line in enumerate(iter(sys.stdin.readline, "")):
+            calls = [ToolCall(f"c{i}", name, args) for i, (name, args) in enumerate(json.loads(line))]
+            results = await dispatcher.session(f"s{n}").dispatch(calls)
+            answer = [{"ok": r.ok, "content": r.content, "cached": r.cached} for r in results]
+            sys.stdout.write(json.dumps(answer) + "\n")
+            sys.stdout.flush()
+
+    anyio.run(serve, backend=backend)
+
+
+class Worker:
+    """A worker process (see `worker_main`): `send` a batch, `receive` its results."""
+
+    def __init__(self, repo: Path, url: str, namespace: str, backend: str = "trio") -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", WORKER_SCRIPT, str(repo), url, namespace, backend],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def send(self, calls: list[tuple[str, dict[str, Any]]]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(calls) + "\n")
+        self.process.stdin.flush()
+
+    def receive(self, timeout: float = 20.0) -> list[dict[str, Any]]:
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready:
+            raise TimeoutError(f"worker {self.process.pid} did not answer within {timeout} s")
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker {self.process.pid} exited ({self.process.wait()})")
+        answer: list[dict[str, Any]] = json.loads(line)
+        return answer
+
+    def dispatch(self, calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        self.send(calls)
+        return self.receive()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=5)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
