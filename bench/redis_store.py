@@ -103,6 +103,12 @@ async def _round_trips(url: str, rounds: int) -> dict[str, tuple[float, float]]:
     return found
 
 
+def _parser() -> str:
+    from redis.utils import HIREDIS_AVAILABLE
+
+    return "hiredis" if HIREDIS_AVAILABLE else "pure Python"
+
+
 def _library() -> str:
     import sniffio
 
@@ -215,12 +221,13 @@ def measure(quick: bool) -> list[str]:
         server = RedisServer(program, folder / "redis")
         server.start()
         try:
-            lines.append("client round trip on loopback, median µs:  GET   MGET of 100")
+            lines.append(f"client round trip on loopback, median µs (reply parser: {_parser()}):")
+            lines.append(f"  {'':8} {'client':44} {'GET':>7} {'MGET 100':>9}")
             for backend in ("trio", "asyncio"):
                 for name, (one, hundred) in anyio.run(
                     _round_trips, server.url, rounds_rt, backend=backend
                 ).items():
-                    lines.append(f"  {backend:8} {name:44} {one:7.1f} {hundred:7.1f}")
+                    lines.append(f"  {backend:8} {name:44} {one:7.1f} {hundred:9.1f}")
             lines.append("  chosen: redis.asyncio on asyncio, redis-py sync in a worker thread on trio")
             lines.append("")
             lines.append("a cache hit through the dispatcher, median µs per call (each batch a new session):")
@@ -231,15 +238,19 @@ def measure(quick: bool) -> list[str]:
                 for name in one:
                     lines.append(f"  {backend:8} {name:30} {one[name]:9.1f} {hundred[name]:10.1f}")
             lines.append("")
-            lines.append(f"hits served per second, worker processes sharing one Redis ({seconds:g} s each):")
-            base = None
-            for processes in (1, 2, 4):
-                rate = _throughput(server.url, processes, seconds, "trio", folder)
-                base = base or rate
-                lines.append(f"  {processes} worker(s) on trio: {rate:9.0f} calls/s ({rate / base:.2f}x)")
             lines.append(
-                f"  ({os.cpu_count()} cores: past that many workers they share the cores with Redis)"
+                f"hits served per second by worker processes sharing one Redis, each dispatching"
+                f" batches of 100 cached reads for {seconds:g} s:"
             )
+            for backend in ("trio", "asyncio"):
+                base = None
+                for processes in (1, 2, 4):
+                    rate = _throughput(server.url, processes, seconds, backend, folder)
+                    base = base or rate
+                    lines.append(
+                        f"  {backend:8} {processes} worker(s): {rate:9.0f} calls/s ({rate / base:.2f}x one)"
+                    )
+            lines.append(f"  ({os.cpu_count()} cores, shared by Redis and the workers)")
         finally:
             server.stop()
     return lines
