@@ -34,11 +34,11 @@ def redis_program() -> str:
 
 @pytest.fixture
 def server(redis_program: str, tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server of this test's own (start-up is ~20 ms)."""
+    """A redis-server of this test's own (it starts in about 11 ms)."""
     server = RedisServer(redis_program, tmp_path / "redis")
     server.start()
     yield server
-    server.stop()
+    server.kill()  # nothing to save; a graceful stop waits for Redis's next tick (~100 ms)
 
 
 @pytest.fixture
@@ -169,7 +169,7 @@ def shared_server(redis_program: str, tmp_path_factory: pytest.TempPathFactory) 
     server = RedisServer(redis_program, tmp_path_factory.mktemp("redis"))
     server.start()
     yield server
-    server.stop()
+    server.kill()  # nothing to save; a graceful stop waits for Redis's next tick (~100 ms)
 
 
 _segments = st.lists(st.sampled_from(["a", "a0", "a.b", "\u00e9", "a b"]), max_size=3)
