@@ -36,6 +36,12 @@ Failure
     Invalidations that could not be delivered are kept (up to 1 000 resources; past that,
     every entry of the namespace is dropped instead) and applied before anything else
     once Redis answers, so no entry they should have dropped is served afterwards.
+
+Eviction
+    Run Redis with `maxmemory-policy noeviction` (its default) for this store: an evicting
+    Redis may drop an index set before the entries it names, and an invalidation would
+    then miss them. A full `noeviction` Redis refuses writes, which this store counts and
+    drops like any other failure.
 """
 
 from __future__ import annotations
@@ -547,7 +553,8 @@ class RedisResultCache:
 
     async def statistics(self) -> CacheStatistics:
         """This object's counts; `entries` as Redis keeps them (the namespace's live
-        entries, 0 while Redis is unreachable)."""
+        entries, 0 while Redis is unreachable). `expired` stays 0: Redis expires entries
+        itself, and an expired entry is a plain miss."""
         entries = 0
         if await self._usable():
             try:

@@ -26,9 +26,11 @@ from ._redis_client import FAILURES, RedisConnection, Script, redacted
 __all__ = ["RedisSessionStore", "RedisStoreError"]
 
 
-class RedisStoreError(Exception):
-    """A Redis store could not be reached or refused an operation."""
+class RedisStoreError(ConnectionError):
+    """A Redis store could not be reached, did not answer in time, or refused an operation."""
 
+
+_MARKED_AT_ONCE: Final = 1_000
 
 # KEYS: lease; ARGV: token, ms -> 1 renewed, 0 not held
 _RENEW: Final = Script(
@@ -194,14 +196,16 @@ class RedisSessionStore:
             if holder is None or holder.decode() != lease.token:
                 raise SessionBusy(lease.session_id, "the lease expired or was taken over")
             return
-        marked = await self._run(
-            f"mark calls started in session {lease.session_id!r}",
-            _MARK,
-            [lease_key, started_key],
-            [lease.token, self._keep_ms, *call_ids],
-        )
-        if int(marked) != 1:
-            raise SessionBusy(lease.session_id, "the lease expired or was taken over; nothing marked")
+        ids = list(call_ids)
+        for start in range(0, len(ids), _MARKED_AT_ONCE):  # Lua unpacks a bounded number of values
+            marked = await self._run(
+                f"mark calls started in session {lease.session_id!r}",
+                _MARK,
+                [lease_key, started_key],
+                [lease.token, self._keep_ms, *ids[start : start + _MARKED_AT_ONCE]],
+            )
+            if int(marked) != 1:
+                raise SessionBusy(lease.session_id, "the lease expired or was taken over; not all marked")
 
     async def delete(self, session_id: str) -> None:
         keys = self._keys(session_id)

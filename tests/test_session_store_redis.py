@@ -120,6 +120,14 @@ async def test_save_replaces_the_snapshot_and_clears_the_marks(store: RedisSessi
     assert await store.load("s") == StoredSession(b"second", frozenset())
 
 
+async def test_thousands_of_marks_fit(store: RedisSessionStore) -> None:
+    """A batch of 5 000 call ids is marked whole (past what Lua unpacks at once)."""
+    lease = await store.acquire("s")
+    ids = [f"call-{i}" for i in range(5000)]
+    await store.mark_started(lease, ids)
+    assert (await store.load("s")).started == frozenset(ids)
+
+
 async def test_load_sees_state_saved_by_another_store_object(server: RedisServer) -> None:
     """What one worker's store saves, another worker's store (another object, another
     client) loads."""
@@ -190,7 +198,9 @@ async def test_a_crashed_holders_lease_expires(server: RedisServer) -> None:
     )
     try:
         assert child.stdout is not None
-        assert await anyio.to_thread.run_sync(child.stdout.readline) == "held\n"
+        with anyio.fail_after(20):
+            said = await anyio.to_thread.run_sync(child.stdout.readline, abandon_on_cancel=True)
+        assert said == "held\n"
         store = RedisSessionStore(server.url, namespace="t", lease_seconds=0.6)
         await anyio.sleep(0.8)  # past one lease time: the holder renews it
         with pytest.raises(SessionBusy):
