@@ -322,7 +322,7 @@ class RedisResultCache:
         *,
         namespace: str = "threepass",
         connect_timeout: float = 0.25,
-        timeout: float = 0.25,
+        timeout: float = 0.5,
         moved_kept: int = 10_000,
         max_connections: int | None = None,
         threaded: bool | None = None,

@@ -25,6 +25,8 @@ from ._redis import RedisServer, Worker, free_port
 from ._system import require_program
 
 REPO = Path(__file__).resolve().parents[1]
+# timeouts with room to answer on a loaded machine, for tests that are not about timeouts
+ROOMY: dict[str, Any] = {"timeout": 5.0, "connect_timeout": 5.0}
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +45,15 @@ def server(redis_program: str, tmp_path: Path) -> Iterator[RedisServer]:
 
 @pytest.fixture
 async def store(server: RedisServer) -> AsyncIterator[RedisResultCache]:
+    """A store with room to answer on a loaded machine; the outage tests make their own."""
+    store = RedisResultCache(server.url, namespace="t", **ROOMY)
+    yield store
+    await store.aclose()
+
+
+@pytest.fixture
+async def quick(server: RedisServer) -> AsyncIterator[RedisResultCache]:
+    """A store with the default (short) timeouts."""
     store = RedisResultCache(server.url, namespace="t")
     yield store
     await store.aclose()
@@ -191,7 +202,7 @@ def test_index_drops_what_the_overlap_rule_drops(
     """The Redis index answers invalidation exactly as MemoryResultCache's scan of every entry does."""
 
     async def check() -> None:
-        store = RedisResultCache(shared_server.url, namespace="prop", threaded=True)
+        store = RedisResultCache(shared_server.url, namespace="prop", threaded=True, **ROOMY)
         memory = MemoryResultCache()
         await store.clear()
         for i, reads in enumerate(entries):
@@ -227,7 +238,7 @@ async def test_index_sets_expire_and_dead_members_are_pruned(
 
 async def test_clear_empties_only_its_namespace(store: RedisResultCache, server: RedisServer) -> None:
     """clear() drops this namespace's entries and index, not another namespace's."""
-    other = RedisResultCache(server.url, namespace="other")
+    other = RedisResultCache(server.url, namespace="other", **ROOMY)
     for s in (store, other):
         await s.set_many([CacheWrite(f"k{i}", "v", 60, frozenset({f"file:/w/{i}"})) for i in range(700)])
     await store.clear()
@@ -293,7 +304,7 @@ async def test_set_many_checks_before_its_own_invalidations(store: RedisResultCa
 async def test_a_trimmed_log_cannot_say_what_moved(server: RedisServer) -> None:
     """With only the newest moves kept, an epoch older than the log gets None from
     moved_since and its writes are refused, rather than checked against a partial log."""
-    store = RedisResultCache(server.url, namespace="t", moved_kept=4)
+    store = RedisResultCache(server.url, namespace="t", moved_kept=4, **ROOMY)
     await store.invalidate(["file:/0"])
     old = await store.epoch()
     for i in range(1, 10):
@@ -308,7 +319,7 @@ async def test_a_trimmed_log_cannot_say_what_moved(server: RedisServer) -> None:
 async def test_a_redis_that_lost_its_data_refuses_reads_from_before(server: RedisServer) -> None:
     """Redis restarted without persistence: an epoch taken before the loss is never trusted,
     whether the epoch started again yet or not, and moved_since says it cannot tell."""
-    store = RedisResultCache(server.url, namespace="t")
+    store = RedisResultCache(server.url, namespace="t", **ROOMY)
     await store.invalidate(["file:/a"])
     before = await store.epoch()
     server.stop()
@@ -336,7 +347,7 @@ async def _until_usable(store: RedisResultCache, within: float = 15.0) -> float:
 async def test_one_object_serves_several_event_loops(server: RedisServer) -> None:
     """Made outside any loop, the store works in this loop and in fresh ones after it (a
     client per loop)."""
-    store = RedisResultCache(server.url, namespace="t")
+    store = RedisResultCache(server.url, namespace="t", **ROOMY)
     await store.set("k", "v", ttl=60)
 
     async def read() -> str | None:
@@ -368,65 +379,65 @@ def test_the_url_password_is_never_shown(caplog: pytest.LogCaptureFixture) -> No
 
 
 async def test_a_redis_that_is_down_costs_misses_and_one_warning(
-    store: RedisResultCache, server: RedisServer, caplog: pytest.LogCaptureFixture
+    quick: RedisResultCache, server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Redis stopped: 50 lookups, writes, invalidations and epochs neither raise nor wait
     long; one warning for the outage; errors counted; back within seconds of a restart."""
-    await store.set("k", "v", ttl=60)
+    await quick.set("k", "v", ttl=60)
     server.stop()
     start = time.monotonic()
     with caplog.at_level(logging.INFO, logger="threepass.cache"):
         for i in range(50):
-            assert await store.get_many(["k"]) == {}
-            await store.set(f"w{i}", "v", ttl=60)
-            assert await store.epoch() == -1
-            assert await store.moved_since(0) is None
+            assert await quick.get_many(["k"]) == {}
+            await quick.set(f"w{i}", "v", ttl=60)
+            assert await quick.epoch() == -1
+            assert await quick.moved_since(0) is None
         assert time.monotonic() - start < 5
-        assert not store.healthy
+        assert not quick.healthy
         server.start()
-        waited = await _until_usable(store)
+        waited = await _until_usable(quick)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "unreachable" in warnings[0].getMessage()
     assert "answers again" in caplog.text
-    assert waited < 6 and store.healthy
-    assert (await store.statistics()).errors >= 1
+    assert waited < 6 and quick.healthy
+    assert (await quick.statistics()).errors >= 1
 
 
-async def test_a_stuck_redis_times_out_quickly(store: RedisResultCache, server: RedisServer) -> None:
+async def test_a_stuck_redis_times_out_quickly(quick: RedisResultCache, server: RedisServer) -> None:
     """Redis frozen (SIGSTOP): a lookup gives up after about its timeout, not the kernel's;
     then it is skipped at once until the backoff passes."""
-    await store.set("k", "v", ttl=60)
+    await quick.set("k", "v", ttl=60)
     assert server.process is not None
     os.kill(server.process.pid, signal.SIGSTOP)
     try:
         start = time.monotonic()
-        assert await store.get_many(["k"]) == {}
+        assert await quick.get_many(["k"]) == {}
         first = time.monotonic() - start
         start = time.monotonic()
-        assert await store.get_many(["k"]) == {}
+        assert await quick.get_many(["k"]) == {}
         second = time.monotonic() - start
     finally:
         os.kill(server.process.pid, signal.SIGCONT)
     assert first < 1.5 and second < 0.05
-    await _until_usable(store)
-    assert await store.get("k") is not None
+    await _until_usable(quick)
+    assert await quick.get("k") is not None
 
 
 async def test_invalidations_held_back_by_an_outage_are_delivered_first(
-    store: RedisResultCache, server: RedisServer
+    quick: RedisResultCache, server: RedisServer
 ) -> None:
     """An invalidation made while Redis was stuck is applied when it answers again, before
     any lookup is served: the stale entry is never seen."""
-    await store.set("k", "v", ttl=60, reads=["file:/w/a"])
-    await store.set("other", "v", ttl=60, reads=["file:/x"])
+    await quick.set("k", "v", ttl=60, reads=["file:/w/a"])
+    await quick.set("other", "v", ttl=60, reads=["file:/x"])
     assert server.process is not None
     os.kill(server.process.pid, signal.SIGSTOP)
     try:
-        assert await store.invalidate(["file:/w"]) == 0  # not delivered
+        assert await quick.invalidate(["file:/w"]) == 0  # not delivered
     finally:
         os.kill(server.process.pid, signal.SIGCONT)
     with anyio.fail_after(15):
-        while not (found := await store.get_many(["k", "other"])):  # noqa: ASYNC110
+        while not (found := await quick.get_many(["k", "other"])):  # noqa: ASYNC110
             await anyio.sleep(0.05)
     assert list(found) == ["other"]
 
@@ -459,7 +470,7 @@ async def test_calls_return_through_an_outage_and_hits_resume_after_it(
     page = tmp_path / "page.txt"
     page.write_text("content")
     files = Files()
-    store = RedisResultCache(server.url, namespace="t")
+    store = RedisResultCache(server.url, namespace="t", **ROOMY)
     d = Dispatcher(files.registry(), cache=store)
     call = [ToolCall("c", "read_file", {"path": str(page)})]
     with caplog.at_level(logging.WARNING):
