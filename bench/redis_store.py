@@ -103,6 +103,10 @@ async def _round_trips(url: str, rounds: int) -> dict[str, tuple[float, float]]:
     return found
 
 
+def _load() -> str:
+    return f"{os.getloadavg()[0]:.1f}"
+
+
 def _parser() -> str:
     from redis.utils import HIREDIS_AVAILABLE
 
@@ -160,14 +164,15 @@ async def _hits(url: str, folder: Path, batch: int, rounds: int) -> dict[str, fl
 
 
 def worker(url: str, go: str, seconds: float, backend: str) -> None:
-    """One worker process: wait for `go`, then dispatch batches of 100 hits for `seconds`;
-    print how many calls were served."""
+    """One worker process: warm the cache, say "ready", wait for `go`, then dispatch batches
+    of 100 hits for `seconds`; print how many calls were served."""
 
     async def run() -> int:
         store = RedisResultCache(url, namespace="bench-workers")
         d = Dispatcher(_registry(), cache=store)
         calls = _batch(100)
         await d.session("warm").dispatch(calls)
+        print("ready", flush=True)
         while not await anyio.Path(go).exists():  # noqa: ASYNC110 - another process writes it
             await anyio.sleep(0.005)
         done, n = 0, 0
@@ -198,7 +203,10 @@ def _throughput(url: str, processes: int, seconds: float, backend: str, folder: 
         )
         for _ in range(processes)
     ]
-    time.sleep(1.5 + 0.3 * processes)  # imports and the warm-up batch
+    for child in children:  # each has imported, connected and warmed its cache
+        assert child.stdout is not None
+        if child.stdout.readline() != "ready\n":
+            raise RuntimeError(f"a worker failed to start (exit {child.wait()})")
     go.write_text("")
     served = sum(int(child.communicate(timeout=seconds + 60)[0].strip()) for child in children)
     return served / seconds
@@ -216,6 +224,7 @@ def measure(quick: bool) -> list[str]:
     rounds_rt, rounds_1, rounds_100 = (300, 200, 20) if quick else (3000, 1000, 100)
     seconds = 1.0 if quick else 3.0
     lines: list[str] = []
+    started_under = _load()
     with tempfile.TemporaryDirectory(prefix="threepass-bench-redis-") as tmp:
         folder = Path(tmp)
         server = RedisServer(program, folder / "redis")
@@ -238,19 +247,28 @@ def measure(quick: bool) -> list[str]:
                 for name in one:
                     lines.append(f"  {backend:8} {name:30} {one[name]:9.1f} {hundred[name]:10.1f}")
             lines.append("")
+            repeats = 1 if quick else 3
             lines.append(
                 f"hits served per second by worker processes sharing one Redis, each dispatching"
-                f" batches of 100 cached reads for {seconds:g} s:"
+                f" batches of 100 cached reads for {seconds:g} s; best of {repeats} interleaved runs"
+                f" (the least disturbed), the range after it:"
             )
             for backend in ("trio", "asyncio"):
-                base = None
-                for processes in (1, 2, 4):
-                    rate = _throughput(server.url, processes, seconds, backend, folder)
-                    base = base or rate
+                rates: dict[int, list[float]] = {1: [], 2: [], 4: []}
+                for _ in range(repeats):  # interleaved, so a burst of load hits every count alike
+                    for processes in rates:
+                        rates[processes].append(_throughput(server.url, processes, seconds, backend, folder))
+                one = max(rates[1])
+                for processes, got in rates.items():
+                    best = max(got)
                     lines.append(
-                        f"  {backend:8} {processes} worker(s): {rate:9.0f} calls/s ({rate / base:.2f}x one)"
+                        f"  {backend:8} {processes} worker(s): {best:9.0f} calls/s ({best / one:.2f}x one)"
+                        f"  [{min(got):.0f}-{best:.0f}]"
                     )
-            lines.append(f"  ({os.cpu_count()} cores, shared by Redis and the workers)")
+            lines.append(
+                f"  ({os.cpu_count()} cores, shared by Redis, the workers and whatever else runs;"
+                f" load average {started_under} at the start, {_load()} at the end)"
+            )
         finally:
             server.stop()
     return lines
