@@ -37,7 +37,8 @@ def _ping(port: int, timeout: float = 0.2) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
             conn.sendall(b"PING\r\n")
-            return conn.recv(16).startswith(b"+PONG")
+            # a server that wants a password answers -NOAUTH: it is up all the same
+            return conn.recv(16).startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False
 
@@ -46,15 +47,19 @@ class RedisServer:
     """One redis-server process at a time on `port`; `start`, `stop` (SIGTERM, then SIGKILL
     by PID), `kill` (SIGKILL: a crash), `start` again."""
 
-    def __init__(self, program: str, folder: Path, port: int | None = None) -> None:
+    def __init__(
+        self, program: str, folder: Path, port: int | None = None, *, password: str | None = None
+    ) -> None:
         self.program = program
         self.folder = folder
         self.port = port if port is not None else free_port()
+        self.password = password
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password is not None else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         """Start the server and wait until it answers PING."""
@@ -64,6 +69,8 @@ class RedisServer:
         argv = [self.program, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", str(self.folder), "--daemonize", "no",
                 "--logfile", str(self.folder / "redis.log")]  # fmt: skip
+        if self.password is not None:
+            argv += ["--requirepass", self.password]
         self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + _START_TIMEOUT
         while not _ping(self.port):

@@ -294,6 +294,36 @@ async def test_a_redis_that_is_down_raises_naming_it_without_the_password() -> N
     await store.aclose()
 
 
+async def test_a_password_protected_redis_is_used_with_its_password(tmp_path: Path) -> None:
+    """With the right password in the URL both stores work; with a wrong one the session
+    store raises and the cache misses, and neither shows the password."""
+    from cache import RedisResultCache
+
+    server = RedisServer(
+        require_program("redis-server", package="redis-server"), tmp_path / "redis", password="pa55"
+    )
+    server.start()
+    try:
+        store = RedisSessionStore(server.url, namespace="t")
+        lease = await store.acquire("s")
+        await store.save(lease, b"x")
+        assert (await store.load("s")).snapshot == b"x"
+        cache = RedisResultCache(server.url, namespace="t", timeout=5.0, connect_timeout=5.0)
+        await cache.set("k", "v", ttl=60)
+        assert await cache.get("k") is not None
+        wrong_url = server.url.replace("pa55", "wrong")
+        wrong = RedisSessionStore(wrong_url, namespace="t")
+        with pytest.raises(RedisStoreError) as refused:
+            await wrong.load("s")
+        assert "wrong" not in str(refused.value) and "***" in str(refused.value)
+        wrong_cache = RedisResultCache(wrong_url, namespace="t")
+        assert await wrong_cache.get_many(["k"]) == {} and (await wrong_cache.statistics()).errors >= 1
+        for s in (store, cache, wrong, wrong_cache):
+            await s.aclose()
+    finally:
+        server.kill()
+
+
 async def test_a_stuck_redis_raises_within_the_timeout(server: RedisServer) -> None:
     """Redis frozen (SIGSTOP): load raises RedisStoreError after about the timeout, not never."""
     store = RedisSessionStore(server.url, namespace="t", timeout=0.3, connect_timeout=0.3)
