@@ -328,9 +328,7 @@ def _follow(
     link = _join(*here, name)
     names = root.inside(os.path.join(root.path, *here, target))
     if names is None:
-        raise ToolError(
-            f"path {shown!r} leaves the workspace through the symlink {link!r}", retryable=False
-        )
+        raise ToolError(f"path {shown!r} leaves the workspace through the symlink {link!r}", retryable=False)
     pending.extend(reversed(names))
     fresh = root.reopen()
     os.close(fd)
@@ -339,9 +337,7 @@ def _follow(
 
 def _count_link(links: int, shown: str) -> int:
     if links >= MAX_LINKS:
-        raise ToolError(
-            f"path {shown!r} goes through more than {MAX_LINKS} symbolic links", retryable=False
-        )
+        raise ToolError(f"path {shown!r} goes through more than {MAX_LINKS} symbolic links", retryable=False)
     return links + 1
 
 

@@ -164,9 +164,7 @@ class Workspace:
         except (OSError, ValueError) as exc:  # a symlink loop, an over-long name
             raise ToolError(f"cannot resolve path {path!r}: {exc}", retryable=False) from exc
         if resolved != self.root and self.root not in resolved.parents:
-            raise ToolError(
-                f"path {path!r} is outside the workspace {str(self.root)!r}", retryable=False
-            )
+            raise ToolError(f"path {path!r} is outside the workspace {str(self.root)!r}", retryable=False)
         return resolved
 
     def key(self, path: object) -> str:
@@ -282,9 +280,7 @@ class Workspace:
         A new file gets the usual permissions (0o666 less the umask); a replaced one keeps
         its own.
         """
-        return self.update(
-            target, lambda _: (content, action), session_id=session_id, call_id=call_id
-        )
+        return self.update(target, lambda _: (content, action), session_id=session_id, call_id=call_id)
 
     def stage(self, target: Path) -> Staged:
         """A new hidden file beside `target` (its folders made) to write a download into,
@@ -323,20 +319,14 @@ class Workspace:
                     staged.file.close()
                     with self._locate(target, create=True) as place:
                         previous = self._read(place, self.max_backup_file_bytes)
-                        os.replace(
-                            staged.name, place.name, src_dir_fd=staged.dir_fd, dst_dir_fd=place.dir_fd
-                        )
+                        os.replace(staged.name, place.name, src_dir_fd=staged.dir_fd, dst_dir_fd=place.dir_fd)
             except BaseException:
                 staged.discard()
                 raise
             staged._installed()
-            return self._record(
-                self._real(place), previous, digest, size, action, session_id, call_id
-            )
+            return self._record(self._real(place), previous, digest, size, action, session_id, call_id)
 
-    def remove(
-        self, target: Path, *, session_id: str | None = None, call_id: str | None = None
-    ) -> Change:
+    def remove(self, target: Path, *, session_id: str | None = None, call_id: str | None = None) -> Change:
         """Delete the regular file at `target`, keeping its content."""
         rel = self.relative(target)
         self.check_writable(target)
@@ -353,9 +343,7 @@ class Workspace:
                     raise ToolError(f"{rel!r} changed while it was being removed; try again",
                                     retryable=True)  # fmt: skip
                 _safepath.unlink(place.dir_fd, place.name)
-            return self._record(
-                self._real(place), previous, None, None, "remove", session_id, call_id
-            )
+            return self._record(self._real(place), previous, None, None, "remove", session_id, call_id)
 
     def restore(
         self, target: Path, *, session_id: str | None = None, call_id: str | None = None
@@ -496,9 +484,7 @@ class Workspace:
             fd = _safepath.open_regular(place.dir_fd, place.name)
         except OSError as exc:
             # A regular file a moment ago: something swapped it since.
-            raise ToolError(
-                f"{rel!r} changed while it was being read; try again", retryable=True
-            ) from exc
+            raise ToolError(f"{rel!r} changed while it was being read; try again", retryable=True) from exc
         with os.fdopen(fd, "rb") as file:
             opened = os.fstat(file.fileno())
             self._check_size(rel, opened.st_size, limit)
@@ -567,9 +553,7 @@ class Workspace:
     def _trim_to_budget(self) -> None:
         # The oldest kept versions go first, whichever file they belong to.
         while self._backup_bytes > self.max_backup_bytes:
-            oldest = min(
-                (stack[0].change.seq, path) for path, stack in self._revisions.items() if stack
-            )
+            oldest = min((stack[0].change.seq, path) for path, stack in self._revisions.items() if stack)
             stack = self._revisions[oldest[1]]
             self._forget(stack, 0)
             if not stack:

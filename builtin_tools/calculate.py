@@ -220,9 +220,7 @@ class _Evaluator:
     def _refuse(self, node: ast.AST, what: str) -> NoReturn:
         column = getattr(node, "col_offset", None)
         where = f" at column {column + 1}" if column is not None else ""
-        raise ToolError(
-            f"unsupported: {what}{where}: {self._text(node)!r}", retryable=False
-        )
+        raise ToolError(f"unsupported: {what}{where}: {self._text(node)!r}", retryable=False)
 
     def _fail(self, node: ast.AST, why: str) -> NoReturn:
         raise ToolError(f"{why} in {self._text(node)!r}", retryable=False)

@@ -243,9 +243,7 @@ class FileTools:
         shown = matches[:_MAX_MATCHES]
         lines = [f"{len(shown)} match(es) for {pattern!r} under {where!r}:", *shown]
         if stopped:
-            lines.append(
-                "[stopped early: too many entries; narrow the pattern or the path]"
-            )
+            lines.append("[stopped early: too many entries; narrow the pattern or the path]")
         if ignored:
             lines.append(note)
         return "\n".join(lines)
@@ -280,10 +278,7 @@ class FileTools:
                 retryable=False,
             )
         change = self.ws.remove(target, **_who(ctx))
-        return (
-            f"removed {change.path} ({change.size_before} bytes); "
-            "restore_file can bring it back"
-        )
+        return f"removed {change.path} ({change.size_before} bytes); restore_file can bring it back"
 
     def restore_file(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
         target = self.ws.resolve(args["path"])
@@ -310,8 +305,7 @@ class FileTools:
         paths = unique(c.path for c in changes)
         kept = [f"{p}: {self.ws.restorable(self.ws.root / p)}" for p in paths]
         return "\n".join(
-            [f"{len(changes)} change(s), oldest first:", *lines,
-             "versions restore_file can reach:", *kept]
+            [f"{len(changes)} change(s), oldest first:", *lines, "versions restore_file can reach:", *kept]
         )
 
 
@@ -323,9 +317,7 @@ def _who(ctx: ToolContext) -> dict[str, str | None]:
     return {"session_id": None if session_id is None else str(session_id), "call_id": ctx.call_id}
 
 
-def _walk_folder(
-    ws: Workspace, base: Path, shown: object
-) -> Iterator[tuple[str, list[str], list[str]]]:
+def _walk_folder(ws: Workspace, base: Path, shown: object) -> Iterator[tuple[str, list[str], list[str]]]:
     """`os.walk(base)`'s triples, walked race-free: the folder is opened through the
     workspace, and `os.fwalk` opens each folder below from its parent's descriptor and
     checks it is the folder it listed, so one swapped for a symbolic link is not entered.
@@ -459,16 +451,14 @@ def _plan_edit(current: bytes | None, old: str, new: str, replace_all: bool, rel
     if not old:
         if text:
             raise ToolError(
-                f"{rel!r} already exists and is not empty: old_string must quote "
-                "the text to replace",
+                f"{rel!r} already exists and is not empty: old_string must quote the text to replace",
                 retryable=False,
             )
         return _Edit(
             new.encode("utf-8"), "edit", f"wrote {rel} (it was empty; now {_count_lines(new)} lines)"
         )
     if old == new:
-        raise ToolError("old_string and new_string are the same: nothing to change",
-                        retryable=False)
+        raise ToolError("old_string and new_string are the same: nothing to change", retryable=False)
     count = text.count(old)
     if count == 0 and "\r\n" in text and "\n" in old:
         # The file uses CRLF line ends; the model wrote LF. Match in the file's style.
@@ -489,10 +479,7 @@ def _plan_edit(current: bytes | None, old: str, new: str, replace_all: bool, rel
     first_at = text.index(old)
     updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
     replaced = count if replace_all else 1
-    report = (
-        f"edited {rel}: replaced {replaced} occurrence(s)\n"
-        + _snippet(updated, first_at, len(new))
-    )
+    report = f"edited {rel}: replaced {replaced} occurrence(s)\n" + _snippet(updated, first_at, len(new))
     return _Edit(updated.encode("utf-8"), "edit", report)
 
 
@@ -607,12 +594,9 @@ def glob_to_regex(pattern: str) -> re.Pattern[str]:
     `**` segments work the same way over whole folders.
     """
     if not isinstance(pattern, str) or not pattern.strip():
-        raise ToolError(f"a glob pattern must be a non-empty string, got {pattern!r}",
-                        retryable=False)
+        raise ToolError(f"a glob pattern must be a non-empty string, got {pattern!r}", retryable=False)
     if pattern.startswith("/") or os.path.isabs(pattern):
-        raise ToolError(
-            f"the pattern must be relative to `path`, got {pattern!r}", retryable=False
-        )
+        raise ToolError(f"the pattern must be relative to `path`, got {pattern!r}", retryable=False)
     segments = [s for s in pattern.split("/") if s not in ("", ".")]
     if ".." in segments:
         raise ToolError(f"the pattern may not contain '..', got {pattern!r}", retryable=False)

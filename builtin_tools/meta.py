@@ -236,9 +236,7 @@ class MetaTools:
         recent = entries[-limit:]
         lines = [f"{len(recent)} of {len(entries)} call(s), oldest first:"]
         for e in recent:
-            flags = "".join(
-                f", {flag}" for flag, on in (("cached", e.cached), ("deduped", e.deduped)) if on
-            )
+            flags = "".join(f", {flag}" for flag, on in (("cached", e.cached), ("deduped", e.deduped)) if on)
             status = getattr(e.status, "value", e.status)
             lines.append(
                 f"[run {e.run_id} round {e.round} #{e.index}] {e.name}({_short_args(e.args)}) "
@@ -252,9 +250,7 @@ class MetaTools:
         ask = ctx.state.get(ASK_USER_KEY)
         if not callable(ask):
             call = ToolCall(id=ctx.call_id, name="ask_user", arguments=dict(args))
-            raise DispatchInterrupted(
-                [(call, "ask_user", {"question": question, "options": options})]
-            )
+            raise DispatchInterrupted([(call, "ask_user", {"question": question, "options": options})])
         call_args: tuple[Any, ...] = (question, options) if _takes_two(ask) else (question,)
         if _is_async(ask):
             answer = await ask(*call_args)
@@ -351,10 +347,7 @@ def render_todo(todos: list[dict[str, str]]) -> str:
     if not todos:
         return "Todo list is empty."
     counts = {s: sum(1 for t in todos if t["status"] == s) for s in _STATUS_MARK}
-    head = (
-        f"Todo ({counts['done']} done, {counts['in_progress']} in progress, "
-        f"{counts['pending']} pending):"
-    )
+    head = f"Todo ({counts['done']} done, {counts['in_progress']} in progress, {counts['pending']} pending):"
     return "\n".join([head, *(f"{_STATUS_MARK[t['status']]} {t['content']}" for t in todos)])
 
 
@@ -413,9 +406,7 @@ def _takes_two(fn: Any) -> bool:
     except (TypeError, ValueError):
         return False
     positional = [
-        p
-        for p in signature.parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
     if any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values()):
         return True

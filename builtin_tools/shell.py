@@ -161,9 +161,7 @@ _READ_ONLY_PROGRAMS: dict[str, _Refused] = {
     # --pre and --hostname-bin run programs; --follow leaves the workspace through links.
     "rg": _Refused(long=frozenset({"--pre", "--pre-glob", "--hostname-bin", "--follow"}), short="L"),
     # -o writes the output to a file, --compress-program runs one, -T writes temp files.
-    "sort": _Refused(
-        long=frozenset({"--output", "--compress-program", "--temporary-directory"}), short="oT"
-    ),
+    "sort": _Refused(long=frozenset({"--output", "--compress-program", "--temporary-directory"}), short="oT"),
     "find": _Refused(
         words=("-exec", "-ok", "-delete", "-fprint", "-fls", "-follow", "-L"),
     ),
@@ -360,9 +358,7 @@ _SAFE_GIT_CONFIG: tuple[tuple[str, str], ...] = (
     ("gpg.x509.program", "false"),
 )
 # The config keys (as `git config --list` spells them) whose value is a program to run.
-_GIT_DRIVER_PROGRAM = re.compile(
-    r"(filter|diff|merge)\..+\.(clean|smudge|process|textconv|command|driver)"
-)
+_GIT_DRIVER_PROGRAM = re.compile(r"(filter|diff|merge)\..+\.(clean|smudge|process|textconv|command|driver)")
 _GIT_CONFIG_TIMEOUT = 10.0
 
 

@@ -517,15 +517,15 @@ def _checked_url(url: object) -> str:
     except (httpx.InvalidURL, ValueError, TypeError) as exc:
         raise ToolError(f"not a valid URL: {url!r} ({exc})", retryable=False) from exc
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ToolError(f"only http and https URLs with a host are allowed, got {url!r}",
-                        retryable=False)
+        raise ToolError(f"only http and https URLs with a host are allowed, got {url!r}", retryable=False)
     try:
         # What the resolver will do with the name: an empty label or one over 63
         # characters fails here, not as a UnicodeError deep inside the connect.
         parsed.raw_host.decode("ascii").encode("idna")
     except UnicodeError as exc:
-        raise ToolError(f"not a valid host name: {parsed.host!r} in {url!r} ({exc})",
-                        retryable=False) from exc
+        raise ToolError(
+            f"not a valid host name: {parsed.host!r} in {url!r} ({exc})", retryable=False
+        ) from exc
     return url
 
 

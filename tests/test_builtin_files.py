@@ -224,9 +224,7 @@ def test_a_symlink_swapped_in_is_read_through_but_never_written_through(ws: Path
     assert os.listdir(ws / ".git") == []
 
 
-def test_a_hardlink_to_an_outside_file_is_read_but_never_written_through(
-    ws: Path, tools: FileTools
-) -> None:
+def test_a_hardlink_to_an_outside_file_is_read_but_never_written_through(ws: Path, tools: FileTools) -> None:
     """A hardlink to an outside file reads as that file; edits and restores replace the link."""
     outside = ws.parent / "outside.txt"
     outside.write_text("shared\n")

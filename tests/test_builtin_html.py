@@ -191,8 +191,10 @@ def test_charset_in_the_header_wins_over_the_meta() -> None:
 def test_charset_in_a_meta_http_equiv_is_honoured_and_latin1_is_read_as_1252() -> None:
     """`<meta http-equiv=Content-Type content="...; charset=iso-8859-1">` is honoured, and
     read as windows-1252 as browsers do, so its euro sign and quotes survive."""
-    data = b'<html><head><meta http-equiv="Content-Type" content="text/html; charset=ISO-8859-1">' \
+    data = (
+        b'<html><head><meta http-equiv="Content-Type" content="text/html; charset=ISO-8859-1">'
         b"<p>\x80 \x93q\x94 caf\xe9</p>"
+    )
     assert _decode(data, "text/html").endswith("<p>€ “q” café</p>")
 
 

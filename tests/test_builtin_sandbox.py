@@ -265,9 +265,7 @@ async def test_sandbox_read_only_paths_show_a_host_folder_read_only(
     tools_dir = tmp_path / "toolchain"
     tools_dir.mkdir()
     (tools_dir / "version").write_text("1.2\n")
-    out = await _run(
-        ws, f"cat {tools_dir}/version; touch {tools_dir}/x", sandbox_read_only_paths=[tools_dir]
-    )
+    out = await _run(ws, f"cat {tools_dir}/version; touch {tools_dir}/x", sandbox_read_only_paths=[tools_dir])
     assert "1.2" in out and "Read-only file system" in out
     assert sorted(p.name for p in tools_dir.iterdir()) == ["version"]
 

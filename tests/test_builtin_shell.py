@@ -190,9 +190,9 @@ BYPASSES = [
     "cat /etc/shadow",
     # quotes that bash removes: the program still sees the option
     "find . '-delete'",
-    'find . "-de"\'lete\'',
+    "find . \"-de\"'lete'",
     "find . -ex'ec' rm {} ';'",
-    "git diff --out\"put\"=x",
+    'git diff --out"put"=x',
     "git diff '--output=x'",
     "'sed' -i s/a/b/ a.txt",
     # parameter expansion, ANSI-C and locale quoting, IFS
@@ -269,7 +269,13 @@ BYPASSES = [
         f"git {sub} {option}"
         for sub in ("diff", "log", "show")
         for option in (
-            "--out=x", "--outp=x", "--outpu=x", "--output=x", "--output x", "--outp x", "--o=x",
+            "--out=x",
+            "--outp=x",
+            "--outpu=x",
+            "--output=x",
+            "--output x",
+            "--outp x",
+            "--o=x",
         )
     ],
     "git diff --ext-diff",

@@ -707,9 +707,7 @@ def test_writers_are_not_cacheable() -> None:
         cache=CachePolicy(),
         writes=lambda a: {f"url:{a['url']}"},
     )
-    p = plan_one(
-        tc("post", {"url": "https://a.test/"}), registry=make_registry(posting), cache=Hits()
-    )
+    p = plan_one(tc("post", {"url": "https://a.test/"}), registry=make_registry(posting), cache=Hits())
     assert p.cacheable is False and p.cache_key is None
     assert p.writes == frozenset({"url:https://a.test/"})
 
