@@ -11,6 +11,7 @@ or where the kernel must know which loop it is on:
 - `loop_identity()`: what a Dispatcher binds to on first use, so that using it from a
   second loop or thread is a clear error instead of a hang;
 - `wait_readable(fd)`: how pass 2 waits for a worker process's reply;
+- `poster()`: how a thread of the kernel's own (the recording's writer) wakes the loop;
 - `BlockWatch`: how an async tool that holds the loop is caught — a probe the loop must
   answer, posted from a thread that looks at the loop thread's stack while it waits;
 - `Primitives.under_deadline`: how a call run alone is held to its timeout (on trio, a
@@ -43,6 +44,7 @@ __all__ = [
     "Primitives",
     "loop_identity",
     "open_process",
+    "poster",
     "primitives",
     "wait_readable",
 ]
@@ -262,6 +264,14 @@ async def wait_readable(fd: int) -> None:
         await ready
     finally:
         loop.remove_reader(fd)
+
+
+def poster() -> Callable[[Callable[[], object]], object]:
+    """How another thread hands this loop a callback to run on its own thread: trio's token
+    `run_sync_soon`, asyncio's `call_soon_threadsafe`. It raises once the loop is gone."""
+    if sniffio.current_async_library() == "trio":
+        return trio.lowlevel.current_trio_token().run_sync_soon
+    return asyncio.get_running_loop().call_soon_threadsafe
 
 
 class BlockWatch:

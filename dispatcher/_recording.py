@@ -36,12 +36,16 @@ created 0600; the chain hashes each line as written, after redaction.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import logging
 import math
 import os
+import queue
+import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -234,13 +238,33 @@ def _redacted(arguments: Any, secrets: set[str]) -> Any:
     return redacted
 
 
-def _call_json(item: Any, secrets: set[str]) -> dict[str, Any]:
-    """A call as received: its parts when it reads as a call, else `{"raw": ...}`; either
-    is marked `"opaque": true` when a placeholder stands in for something in it."""
+def _none_may_hold_credentials(texts: list[str]) -> bool:
+    """`not any(may_hold_credentials(t) for t in texts)`, in one scan: no piece of the rule
+    holds a NUL, so none can match across two texts joined by one."""
+    return not texts or not may_hold_credentials("\x00".join(texts))
+
+
+def _openai_arguments(item: Any) -> str | None:
+    """The JSON text of an OpenAI chat call's arguments (None: not that shape)."""
     fn = item.get("function") if type(item) is dict else None
     if type(fn) is dict and type(raw_args := fn.get("arguments")) is str and raw_args:
+        return raw_args
+    return None
+
+
+def _call_json(
+    item: Any, secrets: set[str], *, raw_args: str | None = None, clean: bool = False
+) -> dict[str, Any]:
+    """A call as received: its parts when it reads as a call, else `{"raw": ...}`; either
+    is marked `"opaque": true` when a placeholder stands in for something in it.
+    `raw_args`: its `_openai_arguments`, if known; `clean`: they hold no credential."""
+    if raw_args is None:
+        raw_args = _openai_arguments(item)
+    if raw_args is not None:
         # the OpenAI chat shape with JSON text, read as ToolCall.parse reads it, without one
-        arguments_text = raw_args if not may_hold_credentials(raw_args) else _redacted(raw_args, secrets)
+        fn = item["function"]
+        clean = clean or not may_hold_credentials(raw_args)
+        arguments_text = raw_args if clean else _redacted(raw_args, secrets)
         return {"id": str(item.get("id", "")), "name": str(fn.get("name", "")), "arguments": arguments_text}
     try:
         call = ToolCall.parse(item)
@@ -270,13 +294,14 @@ def _replayed_call(recorded: Mapping[str, Any]) -> Any:
     return ToolCall(str(recorded.get("id", "")), str(recorded.get("name", "")), arguments)
 
 
-def _recorded_key(planned: PlannedCall, secrets: set[str]) -> str | None:
+def _recorded_key(planned: PlannedCall, secrets: set[str], *, clean: bool = False) -> str | None:
     """The call's key as pass 1 computes it from its redacted arguments: the key a
-    recording holds and replay compares."""
+    recording holds and replay compares. `clean`: `planned.sent` is known to hold no
+    credential."""
     tool = planned.tool
     if (
         planned.sent is not None
-        and not may_hold_credentials(planned.sent)
+        and (clean or not may_hold_credentials(planned.sent))
         and (tool is None or not tool.defaults or not _defaults_may_hold_credentials(tool.defaults))
     ):
         return planned.key  # nothing in the arguments to redact: the key pass 1 made
@@ -287,11 +312,23 @@ def _recorded_key(planned: PlannedCall, secrets: set[str]) -> str | None:
     return planned.key if redacted == dict(planned.args) else call_key(planned.name, canonical_json(redacted))
 
 
+_DEFAULTS_VERDICTS: dict[int, tuple[Mapping[str, Any], bool]] = {}  # by id, the defaults kept alive
+
+
 def _defaults_may_hold_credentials(defaults: Mapping[str, Any]) -> bool:
+    """Whether a tool's schema defaults may hold a credential: asked once per registered
+    tool (its defaults are made at registration and never change)."""
+    known = _DEFAULTS_VERDICTS.get(id(defaults))
+    if known is not None and known[0] is defaults:
+        return known[1]
     try:
-        return may_hold_credentials(json.dumps(defaults, ensure_ascii=False, default=str))
+        verdict = may_hold_credentials(json.dumps(defaults, ensure_ascii=False, default=str))
     except (TypeError, ValueError, RecursionError):
-        return True
+        verdict = True
+    if len(_DEFAULTS_VERDICTS) >= 1024:  # registries made by the thousand (tests): start over
+        _DEFAULTS_VERDICTS.clear()
+    _DEFAULTS_VERDICTS[id(defaults)] = (defaults, verdict)
+    return verdict
 
 
 def _result_json(result: ToolResult, secrets: set[str]) -> dict[str, Any]:
@@ -340,8 +377,42 @@ def _tool_hashes(registry: Registry) -> dict[str, list[str]]:
     return hashes
 
 
+_IDLE_SECONDS = 1.0  # a writer thread with nothing to write ends after this long
+_CLOSE_WAIT = 5.0  # how long `close()` (and the interpreter's exit) waits for a stalled disk
+
+
+@attrs.frozen
+class _Job:
+    """One job of a writer thread: a batch to record (None: only `wake` when it gets here)."""
+
+    batch: Mapping[str, Any] | None
+    wake: Callable[[], object]
+    closing: bool = False
+
+
+_RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+def _drain_at_exit() -> None:
+    """At the interpreter's exit, the lines handed over to writer threads reach the file."""
+    for recorder in list(_RECORDERS):
+        recorder._drain(_CLOSE_WAIT)
+
+
+def _after_fork_in_child() -> None:
+    for recorder in list(_RECORDERS):
+        recorder._forked()
+
+
+atexit.register(_drain_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Recorder:
-    """Appends a session's batches to a JSONL file, each line chained to the one before."""
+    """Appends a session's batches to a JSONL file, each line chained to the one before.
+    A session hands each batch to the recorder's own writer thread (`submit`), so that
+    encoding and the disk never hold up the event loop."""
 
     def __init__(
         self,
@@ -372,13 +443,96 @@ class Recorder:
         self.fsync = fsync
         self._fd: int | None = None  # open for the session, between batches too
         self._closer: weakref.finalize[Any, Any] | None = None
+        self._writer_state()
+        _RECORDERS.add(self)
+
+    def _writer_state(self) -> None:
+        """No writer thread yet, nothing handed to one (also a forked child's fresh start)."""
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._writer_lock = threading.Lock()
+        self._unwritten = 0  # jobs handed to the writer and not yet done
+
+    def submit(self, wake: Callable[[], object], **batch: Any) -> None:
+        """Hand `record_batch(**batch)` to this recorder's writer thread, which calls
+        `wake()` once the line is written (and synced, with `fsync`). Never raises, and
+        `wake` is always called: a writer that cannot start stops the recording."""
+        try:
+            self._put(_Job(batch, wake))
+        except Exception as exc:  # no thread to be had (a limit, or the interpreter exiting)
+            self._stop(exc)
+            wake()
+
+    def _put(self, job: _Job) -> None:
+        with self._writer_lock:
+            self._unwritten += 1
+            self._jobs.put(job)
+            if self._writer is None:
+                writer = threading.Thread(target=self._write_jobs, name="threepass-recording", daemon=True)
+                try:
+                    writer.start()
+                except BaseException:
+                    self._unwritten -= 1
+                    self._jobs.get_nowait()
+                    raise
+                self._writer = writer
+
+    def _write_jobs(self) -> None:
+        """The writer thread: build, encode, hash and write each batch handed over, in
+        order; end after `_IDLE_SECONDS` with nothing to write (the next batch starts
+        another). Daemonic, so a stalled disk never holds up the interpreter's exit;
+        `close()` and the exit handler wait for what was handed over."""
+        jobs = self._jobs
+        while True:
+            try:
+                job = jobs.get(timeout=_IDLE_SECONDS)
+            except queue.Empty:
+                with self._writer_lock:
+                    if jobs.empty():
+                        self._writer = None
+                        return
+                continue
+            try:
+                if job.batch is not None:
+                    self.record_batch(**job.batch)
+                if job.closing:
+                    self._close_file()
+            finally:
+                with self._writer_lock:
+                    self._unwritten -= 1
+                with contextlib.suppress(Exception):  # the loop that waited is gone: nobody to tell
+                    job.wake()
+
+    def _drain(self, timeout: float | None, *, closing: bool = False) -> bool:
+        """Wait until every job handed over is written (and, `closing`, the file closed by the
+        writer); False if the writer is still busy after `timeout` seconds."""
+        with self._writer_lock:
+            idle = self._unwritten == 0
+        if idle:
+            if closing:
+                self._close_file()
+            return True
+        done = threading.Event()
+        self._put(_Job(None, done.set, closing=closing))
+        return done.wait(timeout)
 
     def close(self) -> None:
-        """The session is closing: close the file (a recorder dropped unclosed closes it
-        when it is collected)."""
+        """The session is closing: wait for the lines handed over, then close the file (a
+        recorder dropped unclosed closes it when it is collected). Should the disk stall,
+        the wait ends after `_CLOSE_WAIT` seconds and the writer closes the file when done."""
+        if not self._drain(_CLOSE_WAIT, closing=True):
+            log.warning("the recording %s is still being written; it closes when that is done", self.path)
+
+    def _close_file(self) -> None:
         if self._closer is not None:
             self._closer()
         self._fd = self._closer = None
+
+    def _forked(self) -> None:
+        """In a child process after `fork`: the file and its chain are the parent's, and a
+        second writer would only break the chain, so the child records nothing more."""
+        self._writer_state()
+        self.problem = RuntimeError(f"a forked child does not write its parent's recording {self.path}")
 
     def set_meta(self, **meta: Any) -> None:
         self._header["meta"].update(meta)
@@ -416,7 +570,7 @@ class Recorder:
             if os.fstat(fd).st_nlink:  # still named (a file renamed over it unlinks it)
                 return fd, []
             log.warning("the recording %s was removed or replaced; it starts again with a header", self.path)
-            self.close()
+            self._close_file()
             self._seq = None
         lines = self._continue_chain() if self._seq is None else []
         # created readable by its owner only (a umask can narrow that, never widen it)
@@ -449,7 +603,7 @@ class Recorder:
             # OSError: a full disk, a folder gone; the others: a record JSON cannot hold
             # (a structure too deep). Either way the batch goes on; the recording stops.
             self._stop(exc)
-            self.close()
+            self._close_file()
             return
         self._seq, self._prev = seq, line_hash(encoded)
 
@@ -469,8 +623,8 @@ class Recorder:
         control: BaseException | None,
         all_loaded: bool = False,
     ) -> None:
-        """Append one batch. Never raises: it runs in a worker thread the batch waits on,
-        after the batch's tools have run, and a recording's fault must not cost their
+        """Append one batch, on the calling thread (the session hands it to `submit`). Never
+        raises: it runs after the batch's tools have run, and a recording's fault must not cost their
         results; a record that cannot be made ends the recording as a failed write does."""
         if self.problem is not None:
             return
@@ -493,10 +647,18 @@ class Recorder:
         all_loaded: bool,
     ) -> dict[str, Any]:
         secrets: set[str] = set()  # filled by the redaction of calls, decisions and keys
-        recorded_calls = [_call_json(c, secrets) for c in calls]
+        # the common batch holds no credential anywhere: one scan says so for every call
+        texts = [_openai_arguments(c) for c in calls]
+        plain = [t for t in texts if t is not None]
+        calls_clean = len(plain) == len(calls) and _none_may_hold_credentials(plain)
+        recorded_calls = [
+            _call_json(c, secrets, raw_args=t, clean=calls_clean) for c, t in zip(calls, texts, strict=True)
+        ]
         recorded_decisions = {str(k): _decision_json(v, secrets) for k, v in decisions.items()}
+        sent = [p.sent for p in plan.calls if p.sent is not None]
+        keys_clean = len(sent) == len(plan.calls) and _none_may_hold_credentials(sent)
         plan_rows = [
-            {"name": p.name, "key": _recorded_key(p, secrets), "how": _how(p, r)}
+            {"name": p.name, "key": _recorded_key(p, secrets, clean=keys_clean), "how": _how(p, r)}
             for p, r in zip(plan.calls, results, strict=True)
         ]
         return {

@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, S
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import anyio.to_thread
 import attrs
 
+from . import _backend
 from ._commit import CommitEffects, commit, forget_overlapping, land
 from ._errors import SECRET_STORE_KEY, FailureNotes, needs_note, signatures_of
 from ._exceptions import DispatchInterrupted, HookBlocked
@@ -483,7 +483,7 @@ class Session:
         store_since: int | None = None,
     ) -> None:
         """The effects that leave the process: the store's invalidations and writes, in one
-        call, then the recording, in a worker thread. A store's fault is logged, never raised."""
+        call, then the recording, by its writer thread. A store's fault is logged, never raised."""
         d = self.dispatcher
         if d.cache is not None:
             await update_store(d.cache, effects, store_since)
@@ -491,25 +491,23 @@ class Session:
             await remember_failures(d.error_store, effects.errors)
         recorder = self.recorder
         if recorder is not None:
-            results = effects.results
-            control = executor.control.first()
-            run_id, round_ = self._run_id, self._round
-
-            def record() -> None:
-                recorder.record_batch(
-                    run_id=run_id,
-                    round=round_,
-                    calls=calls,
-                    plan=plan,
-                    results=results,
-                    decisions=decisions,
-                    control=control,
-                    all_loaded=all_loaded,
-                )
-
-            # off the loop, always: encoding a large batch, and a disk that stalls (or syncs,
-            # with record_fsync), must not hold up the other sessions' calls
-            await anyio.to_thread.run_sync(record)
+            # the recorder's own thread builds, encodes and writes the line: a large batch,
+            # and a disk that stalls (or syncs, with record_fsync), must not hold up the
+            # other sessions' calls; this batch returns once its line is in the file
+            written = _backend.primitives().event()
+            post = _backend.poster()
+            recorder.submit(
+                lambda: post(written.set),
+                run_id=self._run_id,
+                round=self._round,
+                calls=calls,
+                plan=plan,
+                results=effects.results,
+                decisions=decisions,
+                control=executor.control.first(),
+                all_loaded=all_loaded,
+            )
+            await written.wait()
 
     async def _gate(
         self,
