@@ -44,15 +44,17 @@ import math
 import os
 import queue
 import threading
+import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import attrs
 import orjson
 import xxhash
 
+from . import _backend
 from ._credentials import may_hold_credentials, redact_collecting, redact_text
 from ._exceptions import DispatchInterrupted, HookBlocked
 from ._plan import FIND_TOOLS, Plan, PlannedCall, call_key, canonical_json
@@ -379,10 +381,36 @@ def _tool_hashes(registry: Registry) -> dict[str, list[str]]:
 
 _IDLE_SECONDS = 1.0  # a writer thread with nothing to write ends after this long
 _CLOSE_WAIT = 5.0  # how long `close()` (and the interpreter's exit) waits for a stalled disk
+_LINGER = 0.002  # with `wait=False`, how long a writer gathers lines before it writes them
+_MOST_QUEUED = 1000  # with `wait=False`, lines waiting to be written before batches wait again
 
 
-@attrs.frozen
-class _Job:
+def _nobody() -> None:
+    """The wake of a batch that did not wait."""
+
+
+def _copied_calls(calls: Sequence[Any], decisions: Mapping[str, Any]) -> list[Any] | None:
+    """The calls of a batch copied as the recorder reads them, for a writer that reads them
+    after the batch returned and the caller may have changed them; None when that copy is
+    not cheap (a call of another shape, arguments that are not text, decisions)."""
+    if decisions:
+        return None
+    copied: list[Any] = []
+    try:
+        for item in calls:
+            if (raw := _openai_arguments(item)) is not None:
+                name = str(item["function"].get("name", ""))
+                copied.append({"id": str(item.get("id", "")), "function": {"name": name, "arguments": raw}})
+            elif type(item) is ToolCall and type(item.arguments) is str:
+                copied.append(item)  # frozen, and its arguments text
+            else:
+                return None
+    except Exception:  # an id or name whose str() raises: the batch waits, and the writer says why
+        return None
+    return copied
+
+
+class _Job(NamedTuple):
     """One job of a writer thread: a batch to record (None: only `wake` when it gets here)."""
 
     batch: Mapping[str, Any] | None
@@ -423,9 +451,15 @@ class Recorder:
         mode: str,
         meta: Mapping[str, Any] | None = None,
         fsync: bool = False,
+        wait: bool = True,
     ) -> None:
         """`fsync`: each batch's line reaches the disk before the batch returns (slower;
-        without it the line is written to the file at once and the system writes it out)."""
+        without it the line is in the file when the batch returns and the system writes it
+        out). `wait=False`: a batch returns once its line is handed to the writer, which
+        writes it within milliseconds; a crash can then lose the last lines, never
+        corrupt the file, and `close()` waits for them (a batch whose calls cannot be
+        copied cheaply, or that carries decisions, still waits; so does every batch with
+        `fsync`, and once `_MOST_QUEUED` lines wait to be written)."""
         self.path = path
         self._header: dict[str, Any] = {
             "type": "header",
@@ -441,6 +475,7 @@ class Recorder:
         self._prev = ""
         self.problem: Exception | None = None
         self.fsync = fsync
+        self.wait = wait
         self._fd: int | None = None  # open for the session, between batches too
         self._closer: weakref.finalize[Any, Any] | None = None
         self._writer_state()
@@ -453,15 +488,29 @@ class Recorder:
         self._writer_lock = threading.Lock()
         self._unwritten = 0  # jobs handed to the writer and not yet done
 
-    def submit(self, wake: Callable[[], object], **batch: Any) -> None:
-        """Hand `record_batch(**batch)` to this recorder's writer thread, which calls
-        `wake()` once the line is written (and synced, with `fsync`). Never raises, and
-        `wake` is always called: a writer that cannot start stops the recording."""
+    def submit(self, **batch: Any) -> Awaitable[Any] | None:
+        """Hand `record_batch(**batch)` to this recorder's writer thread, from the loop: what
+        to await until the line is written (synced, with `fsync`), or None when the batch
+        need not wait (see `wait`). Never raises: a writer that cannot start stops the
+        recording."""
+        copied = None if self.wait or self.fsync else _copied_calls(batch["calls"], batch["decisions"])
+        if copied is not None and self._unwritten < _MOST_QUEUED:
+            self._hand_over(_Job({**batch, "calls": copied}, _nobody))
+            return None
+        written = _backend.primitives().event()
+        post = _backend.poster()
+        if not self._hand_over(_Job(batch, lambda: post(written.set))):
+            return None
+        waiting: Awaitable[Any] = written.wait()
+        return waiting
+
+    def _hand_over(self, job: _Job) -> bool:
         try:
-            self._put(_Job(batch, wake))
+            self._put(job)
         except Exception as exc:  # no thread to be had (a limit, or the interpreter exiting)
             self._stop(exc)
-            wake()
+            return False
+        return True
 
     def _put(self, job: _Job) -> None:
         with self._writer_lock:
@@ -478,28 +527,56 @@ class Recorder:
                 self._writer = writer
 
     def _write_jobs(self) -> None:
-        """The writer thread: build, encode, hash and write each batch handed over, in
-        order; end after `_IDLE_SECONDS` with nothing to write (the next batch starts
-        another). Daemonic, so a stalled disk never holds up the interpreter's exit;
-        `close()` and the exit handler wait for what was handed over."""
+        """The writer thread: build, encode, hash and write the batches handed over, in
+        order, every one already waiting with one `write`; end after `_IDLE_SECONDS` with
+        nothing to write (the next batch starts another). Daemonic, so a stalled disk never
+        holds up the interpreter's exit; `close()` and the exit handler wait for what was
+        handed over."""
         jobs = self._jobs
         while True:
             try:
-                job = jobs.get(timeout=_IDLE_SECONDS)
+                burst = [jobs.get(timeout=_IDLE_SECONDS)]
             except queue.Empty:
                 with self._writer_lock:
                     if jobs.empty():
                         self._writer = None
                         return
                 continue
-            try:
-                if job.batch is not None:
-                    self.record_batch(**job.batch)
+            while True:
+                try:
+                    burst.append(jobs.get_nowait())
+                except queue.Empty:
+                    break
+            self._write_burst(burst)
+            if not self.wait and jobs.empty():
+                # batches that do not wait come in while this thread sleeps, and are taken
+                # together: the loop does not wake it for every one
+                time.sleep(_LINGER)
+
+    def _write_burst(self, burst: list[_Job]) -> None:
+        """Write the jobs of `burst` in order, then tell each that it is done (a closing job
+        closes the file after the lines before it are written)."""
+        records: list[dict[str, Any]] = []
+        done: list[_Job] = []
+        try:
+            for job in burst:
+                done.append(job)
+                if job.batch is not None and self.problem is None:
+                    try:
+                        records.append(self._batch_record(**job.batch))
+                    except Exception as exc:  # as record_batch: the lines before it are kept
+                        self._append_all(records)
+                        records = []
+                        self._stop(exc)
                 if job.closing:
+                    self._append_all(records)
+                    records = []
                     self._close_file()
-            finally:
-                with self._writer_lock:
-                    self._unwritten -= 1
+            self._append_all(records)
+        finally:
+            with self._writer_lock:
+                self._unwritten -= len(done)
+            for job in done:
                 with contextlib.suppress(Exception):  # the loop that waited is gone: nobody to tell
                     job.wake()
 
@@ -581,31 +658,46 @@ class Recorder:
         return fd, lines
 
     def _append(self, record: Mapping[str, Any]) -> None:
-        """Append one record, numbered and chained, with one `write`. A write that fails (a
-        full disk, a folder gone) is logged once and ends the recording: what is on disk
-        stays a readable prefix of the session (replay reports a cut last line as
-        truncated), and the batch's results still reach the caller, since its tools have run."""
-        if self.problem is not None:
+        """Append one record, numbered and chained (see `_append_all`)."""
+        self._append_all([record])
+
+    def _append_all(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Append records, numbered and chained, with one `write`. A record that cannot be
+        encoded (a structure too deep) is not written, nor is anything after it; a write
+        that fails (a full disk, a folder gone) is logged once and ends the recording:
+        what is on disk stays a readable prefix of the session (replay reports a cut last
+        line as truncated), and the batches' results still reach the caller, since their
+        tools have run."""
+        if self.problem is not None or not records:
             return
+        failed: Exception | None = None
         try:
             fd, lines = self._open()
             assert self._seq is not None
-            seq = self._seq + 1
-            encoded = encode_line({**record, "seq": seq, "prev": self._prev})
-            lines.append(encoded)
-            data = b"\n".join(lines) + b"\n"
-            written = os.write(fd, data)
-            while written < len(data):  # a short write (a signal, a nearly full disk): the rest
-                written += os.write(fd, data[written:])
-            if self.fsync:
-                os.fsync(fd)
-        except Exception as exc:
-            # OSError: a full disk, a folder gone; the others: a record JSON cannot hold
-            # (a structure too deep). Either way the batch goes on; the recording stops.
-            self._stop(exc)
+            seq, prev = self._seq, self._prev
+            for record in records:
+                try:
+                    encoded = encode_line({**record, "seq": seq + 1, "prev": prev})
+                except Exception as exc:
+                    failed = exc
+                    break
+                lines.append(encoded)
+                seq, prev = seq + 1, line_hash(encoded)
+            if lines:
+                data = b"\n".join(lines) + b"\n"
+                written = os.write(fd, data)
+                while written < len(data):  # a short write (a signal, a nearly full disk): the rest
+                    written += os.write(fd, data[written:])
+                if self.fsync:
+                    os.fsync(fd)
+        except Exception as exc:  # OSError: a full disk, a folder gone
+            failed = exc
+        else:
+            self._seq, self._prev = seq, prev
+        if failed is not None:
+            # the batch goes on; the recording stops
+            self._stop(failed)
             self._close_file()
-            return
-        self._seq, self._prev = seq, line_hash(encoded)
 
     def _stop(self, exc: Exception) -> None:
         self.problem = exc
@@ -650,13 +742,16 @@ class Recorder:
         # the common batch holds no credential anywhere: one scan says so for every call
         texts = [_openai_arguments(c) for c in calls]
         plain = [t for t in texts if t is not None]
-        calls_clean = len(plain) == len(calls) and _none_may_hold_credentials(plain)
+        sent = [p.sent for p in plan.calls if p.sent is not None]
+        calls_plain, keys_plain = len(plain) == len(calls), len(sent) == len(plan.calls)
+        calls_clean = keys_clean = calls_plain and keys_plain and _none_may_hold_credentials(plain + sent)
+        if not calls_clean:  # something may hold one: which part says so, each on its own
+            calls_clean = calls_plain and _none_may_hold_credentials(plain)
+            keys_clean = keys_plain and _none_may_hold_credentials(sent)
         recorded_calls = [
             _call_json(c, secrets, raw_args=t, clean=calls_clean) for c, t in zip(calls, texts, strict=True)
         ]
         recorded_decisions = {str(k): _decision_json(v, secrets) for k, v in decisions.items()}
-        sent = [p.sent for p in plan.calls if p.sent is not None]
-        keys_clean = len(sent) == len(plan.calls) and _none_may_hold_credentials(sent)
         plan_rows = [
             {"name": p.name, "key": _recorded_key(p, secrets, clean=keys_clean), "how": _how(p, r)}
             for p, r in zip(plan.calls, results, strict=True)

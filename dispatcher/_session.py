@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import attrs
 
-from . import _backend
 from ._commit import CommitEffects, commit, forget_overlapping, land
 from ._errors import SECRET_STORE_KEY, FailureNotes, needs_note, signatures_of
 from ._exceptions import DispatchInterrupted, HookBlocked
@@ -414,16 +413,15 @@ class Session:
             land(effects, self._planner_state, self.history, run_id=self._run_id, round=self._round)
             if effects.invalidations:
                 d._moved(effects.invalidations, by=self)
+            recorded = self._record(effects, calls, plan, gate_decisions, executor, all_loaded)
             if (
                 (store is not None and (effects.invalidations or effects.cache_writes))
                 or (effects.errors and d.error_store is not None)
-                or self.recorder is not None
+                or recorded is not None
             ):
                 # shielded: a batch cut short by cancellation still lands what finished
                 with anyio.CancelScope(shield=True):
-                    await self._write_out(
-                        effects, calls, plan, gate_decisions, executor, all_loaded, store_since
-                    )
+                    await self._write_out(effects, store_since, recorded)
             if d._batch_subscribers:
                 # delivered shielded and from this finally, so a cancelled batch is reported too
                 with anyio.CancelScope(shield=True):
@@ -472,7 +470,7 @@ class Session:
             return notes
         return attrs.evolve(notes, known={k: v for k, v in found.items() if isinstance(v, ErrorRecord)})
 
-    async def _write_out(
+    def _record(
         self,
         effects: CommitEffects,
         calls: list[Any],
@@ -480,34 +478,38 @@ class Session:
         decisions: Mapping[str, Decision],
         executor: Executor,
         all_loaded: bool,
-        store_since: int | None = None,
+    ) -> Awaitable[Any] | None:
+        """Hand the batch to the recording's writer thread, which builds, encodes and writes
+        its line: a large batch, and a disk that stalls (or syncs, with record_fsync), must
+        not hold up the other sessions' calls. What to await until the line is in the file,
+        or None (no recording, or one that does not wait)."""
+        recorder = self.recorder
+        if recorder is None:
+            return None
+        return recorder.submit(
+            run_id=self._run_id,
+            round=self._round,
+            calls=calls,
+            plan=plan,
+            results=effects.results,
+            decisions=decisions,
+            control=executor.control.first(),
+            all_loaded=all_loaded,
+        )
+
+    async def _write_out(
+        self, effects: CommitEffects, store_since: int | None, recorded: Awaitable[Any] | None
     ) -> None:
         """The effects that leave the process: the store's invalidations and writes, in one
-        call, then the recording, by its writer thread. A store's fault is logged, never raised."""
+        call, and the error store's; then the wait for the recording's line, if any. A
+        store's fault is logged, never raised."""
         d = self.dispatcher
         if d.cache is not None:
             await update_store(d.cache, effects, store_since)
         if d.error_store is not None and effects.errors:
             await remember_failures(d.error_store, effects.errors)
-        recorder = self.recorder
-        if recorder is not None:
-            # the recorder's own thread builds, encodes and writes the line: a large batch,
-            # and a disk that stalls (or syncs, with record_fsync), must not hold up the
-            # other sessions' calls; this batch returns once its line is in the file
-            written = _backend.primitives().event()
-            post = _backend.poster()
-            recorder.submit(
-                lambda: post(written.set),
-                run_id=self._run_id,
-                round=self._round,
-                calls=calls,
-                plan=plan,
-                results=effects.results,
-                decisions=decisions,
-                control=executor.control.first(),
-                all_loaded=all_loaded,
-            )
-            await written.wait()
+        if recorded is not None:
+            await recorded
 
     async def _gate(
         self,
