@@ -802,9 +802,51 @@ def _header_problem(header: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _well_formed(record: Mapping[str, Any], chained: bool) -> bool:
+    """True only where `_batch_problem` finds nothing: its checks, quickly, for the record
+    as the recorder writes it (exact types); anything else is left to `_batch_problem`."""
+    try:
+        run, calls, plan, results = record["run"], record["calls"], record["plan"], record["results"]
+        if chained:
+            seq, prev = record["seq"], record["prev"]
+    except KeyError:
+        return False
+    if type(run) is not int or type(calls) is not list or type(plan) is not list or type(results) is not list:
+        return False
+    if not len(calls) == len(plan) == len(results):
+        return False
+    if chained and (type(seq) is not int or type(prev) is not str):
+        return False
+    for call in calls:
+        if type(call) is not dict:
+            return False
+    for row in plan:
+        if type(row) is not dict or type(row.get("how")) is not str or type(row.get("name")) is not str:
+            return False
+        if "key" not in row or (row["key"] is not None and type(row["key"]) is not str):
+            return False
+    for result in results:
+        if result is None:
+            continue
+        if type(result) is not dict:
+            return False
+        get = result.get
+        status = get("status")
+        if type(status) is not str or status not in _STATUSES:
+            return False
+        if type(get("duration", 0.0)) not in (float, int):
+            return False
+        if type(get("call_id")) is not str or type(get("name")) is not str or type(get("content")) is not str:
+            return False
+    decisions = record.get("decisions", {})
+    return type(decisions) is dict and all(type(d) is dict for d in decisions.values())
+
+
 def _batch_problem(record: Mapping[str, Any], chained: bool) -> str | None:
     """What is structurally wrong with a batch record (None: nothing); replay reads every
     field named here without further checks."""
+    if _well_formed(record, chained):
+        return None
     fields = (
         ("run", "calls", "plan", "results", "seq", "prev") if chained else ("run", "calls", "plan", "results")
     )
@@ -883,6 +925,48 @@ def _chain_problem(
     return f"line {number}: record seq {seq} follows seq {seq_before} (out of order)"
 
 
+_TWO_63 = float(2**63)
+
+
+def _widened(value: Any) -> bool:
+    """Whether `value` holds a float that orjson may have read from an integer past 64 bits."""
+    if type(value) is float:
+        return value.is_integer() and abs(value) >= _TWO_63
+    if type(value) is dict:
+        return any(_widened(v) for v in value.values())
+    if type(value) is list:
+        return any(_widened(v) for v in value)
+    return False
+
+
+def _record_widened(record: dict[str, Any]) -> bool:
+    """`_widened` over what a record holds as the caller gave it (a call's arguments as JSON
+    text hold no number), and over its own numbers; the rest of a record is text."""
+    get = record.get
+    if type(get("run")) is float or type(get("round")) is float or type(get("seq")) is float:
+        return True  # a record's numbers are integers: as a float, one is wrong either way
+    calls = get("calls")
+    if type(calls) is list:
+        for call in calls:
+            as_text = type(call) is dict and type(call.get("arguments")) is str and len(call) == 3
+            if not as_text and _widened(call):
+                return True
+    return _widened(get("decisions")) or _widened(get("meta"))
+
+
+def _loads(raw: bytes) -> Any:
+    """One line as `json.loads` reads it (ill-formed UTF-8 replaced), by orjson where that
+    reads the same value: orjson refuses NaN, infinities, lone surrogates and ill-formed
+    UTF-8, and reads an integer past 64 bits as a float, so such lines are read by json."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw.decode("utf-8", errors="replace"))
+    if type(value) is dict and not _record_widened(value):
+        return value
+    return json.loads(raw.decode("utf-8", errors="replace"))
+
+
 def _read(path: str | os.PathLike[str]) -> _Recording:
     """Read and check a recording: its structure line by line, then its chain. The batches
     before the first problem replay; a record the chain shows edited does not."""
@@ -896,7 +980,7 @@ def _read(path: str | os.PathLike[str]) -> _Recording:
     problem: str | None = None
     for number, raw in enumerate(raw_lines, 1):
         try:
-            value = json.loads(raw.decode("utf-8", errors="replace"))
+            value = _loads(raw)
             if not isinstance(value, dict):
                 raise ValueError(f"a JSON {type(value).__name__}, not an object")
         except (ValueError, RecursionError) as exc:
@@ -1084,19 +1168,31 @@ class _BatchServer:
         )
         return ToolResult(planned.call_id, planned.name, Status.failed, f"replay: {field} differs")
 
-    async def __call__(self, planned: PlannedCall, ctx: ToolContext) -> ToolResult:
+    def _recorded(self, planned: PlannedCall) -> tuple[ToolResult, bool]:
+        """(the recorded result of `planned`, True), or (a failed result, False) noting
+        how it ran otherwise than recorded."""
         i = planned.index
         row = self.plan_rows[i] if i < len(self.plan_rows) else None
         want = self.recorded[i] if i < len(self.recorded) else None
         if row is None or row["how"] != "ran" or want is None:
-            return self._differs(planned, "how", f"{row and row['how']}", "ran")
+            return self._differs(planned, "how", f"{row and row['how']}", "ran"), False
         key = _recorded_key(planned, self.secrets)
         if row["name"] != planned.name:
-            return self._differs(planned, "name", row["name"], planned.name)
+            return self._differs(planned, "name", row["name"], planned.name), False
         if row["key"] != key:
-            return self._differs(planned, "key", str(row["key"]), str(key))
-        recorded = ToolResult.from_json(want)
+            return self._differs(planned, "key", str(row["key"]), str(key)), False
+        return _result_from_json(want), True
+
+    def serve_now(self, planned: PlannedCall) -> ToolResult | None:
+        """Pass 2's quick way for a recorded result: at once, with nothing to run (None for
+        `find_tools`, which runs for real)."""
         if planned.name == FIND_TOOLS and planned.tool is not None:
+            return None
+        return self._recorded(planned)[0]
+
+    async def __call__(self, planned: PlannedCall, ctx: ToolContext) -> ToolResult:
+        recorded, same = self._recorded(planned)
+        if same and planned.name == FIND_TOOLS and planned.tool is not None:
             # the dispatcher's own tool: it touches nothing outside the session, and loading
             # the schemas it finds is what later calls depend on, so it runs for real
             again = normalize_output(await planned.tool.tool.handler(planned.args, ctx))
@@ -1104,6 +1200,26 @@ class _BatchServer:
             if recorded.status is Status.ok and again != recorded.content:
                 return self._differs(planned, "content", recorded.content, again)
         return recorded
+
+
+_STATUS_OF = {s.value: s for s in Status}
+
+
+def _result_from_json(data: Mapping[str, Any]) -> ToolResult:
+    """`ToolResult.from_json` of a result `_batch_problem` checked, without its keyword calls."""
+    get = data.get
+    return ToolResult(
+        data["call_id"],
+        data["name"],
+        _STATUS_OF[data["status"]],
+        data["content"],
+        bool(get("retryable", False)),
+        bool(get("effect_uncertain", False)),
+        bool(get("cached", False)),
+        bool(get("deduped", False)),
+        get("started"),
+        float(get("duration", 0.0)),
+    )
 
 
 def _first_divergence(
