@@ -488,11 +488,11 @@ class Recorder:
         self._writer_lock = threading.Lock()
         self._unwritten = 0  # jobs handed to the writer and not yet done
 
-    def submit(self, **batch: Any) -> Awaitable[Any] | None:
+    def submit(self, **batch: Any) -> Callable[[], Awaitable[Any]] | None:
         """Hand `record_batch(**batch)` to this recorder's writer thread, from the loop: what
-        to await until the line is written (synced, with `fsync`), or None when the batch
-        need not wait (see `wait`). Never raises: a writer that cannot start stops the
-        recording."""
+        to call and await until the line is written (synced, with `fsync`), or None when
+        the batch need not wait (see `wait`). Never raises: a writer that cannot start
+        stops the recording."""
         copied = None if self.wait or self.fsync else _copied_calls(batch["calls"], batch["decisions"])
         if copied is not None and self._unwritten < _MOST_QUEUED:
             self._hand_over(_Job({**batch, "calls": copied}, _nobody))
@@ -501,7 +501,7 @@ class Recorder:
         post = _backend.poster()
         if not self._hand_over(_Job(batch, lambda: post(written.set))):
             return None
-        waiting: Awaitable[Any] = written.wait()
+        waiting: Callable[[], Awaitable[Any]] = written.wait
         return waiting
 
     def _hand_over(self, job: _Job) -> bool:
@@ -654,6 +654,9 @@ class Recorder:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
         fd = os.open(self.path, flags, _PRIVATE_FILE)
         self._closer = weakref.finalize(self, os.close, fd)
+        # not at exit: finalizers run before the exit handler that lets the writer finish,
+        # and the process's end closes the file anyway
+        self._closer.atexit = False
         self._fd = fd
         return fd, lines
 

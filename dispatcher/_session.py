@@ -478,11 +478,11 @@ class Session:
         decisions: Mapping[str, Decision],
         executor: Executor,
         all_loaded: bool,
-    ) -> Awaitable[Any] | None:
+    ) -> Callable[[], Awaitable[Any]] | None:
         """Hand the batch to the recording's writer thread, which builds, encodes and writes
         its line: a large batch, and a disk that stalls (or syncs, with record_fsync), must
-        not hold up the other sessions' calls. What to await until the line is in the file,
-        or None (no recording, or one that does not wait)."""
+        not hold up the other sessions' calls. What to call and await until the line is in
+        the file, or None (no recording, or one that does not wait)."""
         recorder = self.recorder
         if recorder is None:
             return None
@@ -498,7 +498,10 @@ class Session:
         )
 
     async def _write_out(
-        self, effects: CommitEffects, store_since: int | None, recorded: Awaitable[Any] | None
+        self,
+        effects: CommitEffects,
+        store_since: int | None,
+        recorded: Callable[[], Awaitable[Any]] | None,
     ) -> None:
         """The effects that leave the process: the store's invalidations and writes, in one
         call, and the error store's; then the wait for the recording's line, if any. A
@@ -509,7 +512,7 @@ class Session:
         if d.error_store is not None and effects.errors:
             await remember_failures(d.error_store, effects.errors)
         if recorded is not None:
-            await recorded
+            await recorded()
 
     async def _gate(
         self,
