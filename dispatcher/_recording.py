@@ -288,9 +288,14 @@ def _replayed_call(recorded: Mapping[str, Any]) -> Any:
     opaque = bool(recorded.get("opaque"))
     if "raw" in recorded:
         return _from_json_safe(recorded["raw"]) if opaque else recorded["raw"]
+    arguments: Any = recorded.get("arguments")  # as received: of any type, as the model sent it
+    if type(arguments) is str and arguments and not opaque:
+        # JSON text, as most calls come: the OpenAI chat shape, which pass 1 reads directly
+        # and exactly as it reads a ToolCall of that text
+        name = str(recorded.get("name", ""))
+        return {"id": str(recorded.get("id", "")), "function": {"name": name, "arguments": arguments}}
     # a ToolCall, not the dict: reading the dict would take arguments that are false (0,
     # [], False) for none at all, where pass 1 refused them
-    arguments: Any = recorded.get("arguments")  # as received: of any type, as the model sent it
     if opaque:
         arguments = _from_json_safe(arguments)
     return ToolCall(str(recorded.get("id", "")), str(recorded.get("name", "")), arguments)
@@ -1232,9 +1237,10 @@ def _first_divergence(
     result differs from the recorded one (status, content, name, deduped), the replayed
     text redacted as the recorder redacts it."""
     recorded = serve.recorded
+    divergences, secrets = serve.divergences, serve.secrets
     for i in range(max(len(recorded), len(results))):
-        if i in serve.divergences:
-            return serve.divergences[i]
+        if i in divergences:
+            return divergences[i]
         call_id = results[i].call_id if i < len(results) else call_ids[i] if i < len(call_ids) else ""
         if i >= len(results) or i >= len(recorded):
             got, expected = str(len(results)), str(len(recorded))
@@ -1242,9 +1248,17 @@ def _first_divergence(
         want, got_result = recorded[i], results[i]
         if want is None:
             continue
+        content = redact_text(got_result.content, secrets) if secrets else got_result.content
+        if (
+            want["status"] == got_result.status.value
+            and want["content"] == content
+            and want["name"] == got_result.name
+            and bool(want.get("deduped")) == got_result.deduped
+        ):
+            continue
         checks = (
             ("status", want["status"], got_result.status.value),
-            ("content", want["content"], redact_text(got_result.content, serve.secrets)),
+            ("content", want["content"], content),
             ("name", want["name"], got_result.name),
             ("deduped", str(bool(want.get("deduped"))), str(got_result.deduped)),
         )
