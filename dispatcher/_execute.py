@@ -276,7 +276,10 @@ class Executor:
         rest = []
         for i in group:
             planned = calls[i]
-            result = self._serve(planned) if self._deadline is None else None
+            try:
+                result = self._serve(planned) if self._deadline is None else None
+            except Exception:  # the usual way makes a failed result of it, as of any runner's
+                result = None
             if result is None:
                 rest.append(i)
                 continue

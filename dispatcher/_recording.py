@@ -498,6 +498,8 @@ class Recorder:
         to call and await until the line is written (synced, with `fsync`), or None when
         the batch need not wait (see `wait`). Never raises: a writer that cannot start
         stops the recording."""
+        if self.problem is not None:
+            return None  # the recording stopped: nothing to write, nothing to wait for
         copied = None if self.wait or self.fsync else _copied_calls(batch["calls"], batch["decisions"])
         if copied is not None and self._unwritten < _MOST_QUEUED:
             self._hand_over(_Job({**batch, "calls": copied}, _nobody))
