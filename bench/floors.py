@@ -14,7 +14,8 @@ each tool is awaited in turn.
 
 Two workloads: `echo` (one string property, the harness's echo) and `realistic` (a tool
 schema of five properties, a nested object, an enum and required ones). Then threepass
-with a recording and without (batch 1 and 100), the fixed cost of a batch (per call at
+with a recording and without (batch 1 and 100; the default recording, whose batches wait
+for their line, and `recorder.wait = False`), the fixed cost of a batch (per call at
 batch 1 less per call at batch 100), and replay of a recording (the file read and its
 chain checked) against live dispatch of the same batches.
 

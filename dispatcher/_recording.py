@@ -4,7 +4,9 @@ A recording is a header line (format version, registry fingerprint and a hash pe
 caller's metadata) then one line per committed batch: the calls as given, the gate
 decisions, how pass 1 decided each call, and the results. Each line is written whole with
 one `write`, so a crash can at worst leave a truncated last line; replay reports it and
-replays the rest.
+replays the rest. The lines are built, encoded and written by the recorder's own thread,
+so neither a large batch nor a stalled disk holds up the event loop: a batch returns once
+its line is in the file (or, with `Recorder.wait` false, once it is handed over).
 
 Every line carries `seq` (the header 0, each batch the next number) and every batch
 `prev`, the xxh3-64 of the previous line's bytes as written: a hash chain, so that a
@@ -597,7 +599,8 @@ class Recorder:
                 self._close_file()
             return True
         done = threading.Event()
-        self._put(_Job(None, done.set, closing=closing))
+        if not self._hand_over(_Job(None, done.set, closing=closing)):
+            return True  # no writer to be had: the recording stopped, nothing more is written
         return done.wait(timeout)
 
     def close(self) -> None:
