@@ -414,14 +414,12 @@ class Session:
             if effects.invalidations:
                 d._moved(effects.invalidations, by=self)
             recorded = self._record(effects, calls, plan, gate_decisions, executor, all_loaded)
-            if (
-                (store is not None and (effects.invalidations or effects.cache_writes))
-                or (effects.errors and d.error_store is not None)
-                or recorded is not None
+            if (store is not None and (effects.invalidations or effects.cache_writes)) or (
+                effects.errors and d.error_store is not None
             ):
                 # shielded: a batch cut short by cancellation still lands what finished
                 with anyio.CancelScope(shield=True):
-                    await self._write_out(effects, store_since, recorded)
+                    await self._write_out(effects, store_since)
             if d._batch_subscribers:
                 # delivered shielded and from this finally, so a cancelled batch is reported too
                 with anyio.CancelScope(shield=True):
@@ -436,6 +434,10 @@ class Session:
                         t2,
                     )
                     await self._tell_batch(event)
+            if recorded is not None:
+                # last, and not shielded: the line is handed over and gets written either way,
+                # and a cancelled batch need not wait for a disk that stalls
+                await recorded()
         if want_events:
             await self._deliver(effects.events)
         control = executor.control.first()
@@ -497,22 +499,15 @@ class Session:
             all_loaded=all_loaded,
         )
 
-    async def _write_out(
-        self,
-        effects: CommitEffects,
-        store_since: int | None,
-        recorded: Callable[[], Awaitable[Any]] | None,
-    ) -> None:
-        """The effects that leave the process: the store's invalidations and writes, in one
-        call, and the error store's; then the wait for the recording's line, if any. A
-        store's fault is logged, never raised."""
+    async def _write_out(self, effects: CommitEffects, store_since: int | None) -> None:
+        """The effects that leave the process for the stores: the result store's
+        invalidations and writes, in one call, and the error store's. A store's fault is
+        logged, never raised."""
         d = self.dispatcher
         if d.cache is not None:
             await update_store(d.cache, effects, store_since)
         if d.error_store is not None and effects.errors:
             await remember_failures(d.error_store, effects.errors)
-        if recorded is not None:
-            await recorded()
 
     async def _gate(
         self,

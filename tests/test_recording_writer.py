@@ -105,6 +105,47 @@ async def test_a_stalled_disk_holds_up_the_batch_but_never_the_loop(tmp_path: Pa
     assert records[1]["results"][0]["content"] == "a"
 
 
+async def test_a_batch_cancelled_while_its_line_stalls_returns_and_the_line_is_written(
+    tmp_path: Path,
+) -> None:
+    """A caller's timeout ends a batch waiting on a stalled disk at once (the wait is not
+    shielded), batch subscribers still hear of it, and its line reaches the file once the
+    disk takes it."""
+    fifo = _stalled(tmp_path)
+    told: list[str] = []
+    d = Dispatcher(fake_registry(Counter(), {}))
+    d.subscribe_batches(lambda event: told.append(event.outcome))
+    s = d.session("cancelled", record=fifo)
+    got: list[bytes] = []
+    rescued = threading.Event()
+
+    def rescue() -> None:  # a wait that cannot be cancelled would hang the test: let the disk go
+        rescued.set()
+        _unstall(fifo)
+        with open(fifo, "rb") as f:
+            got.append(f.read())
+
+    watchdog = threading.Timer(3.0, rescue)
+    watchdog.start()
+    began = time.monotonic()
+    with anyio.fail_after(10), anyio.move_on_after(0.2) as scope:
+        await s.dispatch([call("1", "echo", text="a")])
+    waited = time.monotonic() - began
+    watchdog.cancel()
+    watchdog.join(0.1)  # a rescue that began has said so by now
+    if rescued.is_set():
+        s.close()  # the rescue reads until the file is closed
+        watchdog.join(10)
+    else:
+        _unstall(fifo)
+        with _reading(fifo) as read:
+            s.close()
+        got = read
+    assert waited < 2.0 and scope.cancelled_caught and told == ["ok"]
+    records = [json.loads(line) for line in got[0].splitlines()]
+    assert [r["type"] for r in records] == ["header", "batch"]
+
+
 async def test_a_batch_that_need_not_wait_returns_before_its_line_is_written(tmp_path: Path) -> None:
     """`wait=False`: batches return while the disk stalls; calls the caller changes after
     that are recorded as they were received; close() waits for every line."""
@@ -129,6 +170,33 @@ async def test_a_batch_that_need_not_wait_returns_before_its_line_is_written(tmp
     assert [json.loads(r["calls"][0]["arguments"]) for r in records[1:]] == [
         {"text": f"t{n}"} for n in range(3)
     ]
+
+
+async def test_batches_that_need_not_wait_wait_again_once_a_stalled_disk_holds_enough(
+    tmp_path: Path,
+) -> None:
+    """`wait=False` on a disk that stalls does not queue lines without end: past the bound,
+    the next batch waits for the disk (and, cancelled, returns without waiting); once the
+    disk takes the lines, every batch is in the file, the cancelled one too."""
+    from dispatcher._recording import _MOST_QUEUED
+
+    fifo = _stalled(tmp_path)
+    s = Dispatcher(fake_registry(Counter(), {})).session("bounded", record=fifo)
+    assert s.recorder is not None
+    s.recorder.wait = False
+    returned = 0
+    with anyio.fail_after(30):
+        while True:
+            with anyio.move_on_after(0.5):
+                await s.dispatch([openai_call(str(returned), "echo", {"text": "x"})])
+                returned += 1
+                continue
+            break  # this batch waited for the stalled disk
+    assert returned == _MOST_QUEUED
+    _unstall(fifo)
+    with _reading(fifo) as got:
+        s.close()
+    assert len(got[0].splitlines()) == 1 + returned + 1  # the header, every batch, the cancelled one
 
 
 async def test_a_batch_with_decisions_waits_even_when_the_recording_need_not(tmp_path: Path) -> None:
