@@ -1,13 +1,15 @@
 """threepass's result cache: the `ResultCache` seam, its policy, and the stores behind it;
-and the error stores behind the `ErrorStore` seam."""
+the error stores behind the `ErrorStore` seam; the session stores behind `SessionStore`."""
 
 from ._disk import DEFAULT_SIZE_LIMIT, DiskResultCache, default_cache_dir
 from ._errors import DEFAULT_MAX_RECORDS, DiskErrorStore, MemoryErrorStore
 from ._memory import MemoryResultCache
 from ._policy import DEFAULT_TTL, CachePolicy, carries_credentials, resources_overlap
 from ._protocol import CacheEntry, CacheStatistics, CacheWrite, ResultCache
+from ._sessions import DEFAULT_LEASE_SECONDS, MemorySessionStore, SqliteSessionStore
 
 __all__ = [
+    "DEFAULT_LEASE_SECONDS",
     "DEFAULT_MAX_RECORDS",
     "DEFAULT_SIZE_LIMIT",
     "DEFAULT_TTL",
@@ -19,7 +21,9 @@ __all__ = [
     "DiskResultCache",
     "MemoryErrorStore",
     "MemoryResultCache",
+    "MemorySessionStore",
     "ResultCache",
+    "SqliteSessionStore",
     "carries_credentials",
     "default_cache_dir",
     "resources_overlap",
