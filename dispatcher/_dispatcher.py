@@ -23,7 +23,7 @@ from ._history import DEFAULT_HISTORY_LIMIT
 from ._plan import DEFAULT_MAX_ARGUMENT_BYTES
 from ._registry import Registry
 from ._results import DEFAULT_MAX_OUTPUT_BYTES
-from ._seams import ErrorStore, ResultCache, ToolRunner
+from ._seams import ErrorStore, ResultCache, SessionStore, ToolRunner
 from ._session import Session
 from ._types import Allow, Answer, BatchEvent, Deny, ToolCall, ToolResult
 from ._watch import DEFAULT_BLOCK_THRESHOLD, DispatcherStatistics, Watch
@@ -56,6 +56,8 @@ class Dispatcher:
 
     `cache` is the result store (None: no result cache). `error_store` remembers every
     failure of a call that ran, across sessions (None: nothing is remembered).
+    `session_store` keeps each session's state between batches where every worker sharing
+    it finds it, under a lease per session (None: a session lives in this process only).
     `max_concurrent` bounds the calls running at once across every session (default: half
     the cores, at least 3). `gate` is asked about calls that need confirmation; without
     one, every call runs. `runner` answers calls instead of their handlers (a
@@ -97,6 +99,7 @@ class Dispatcher:
         queue_limit: float | None = None,
         block_threshold: float = DEFAULT_BLOCK_THRESHOLD,
         error_store: ErrorStore | None = None,
+        session_store: SessionStore | None = None,
     ) -> None:
         if not isinstance(registry, Registry):
             raise TypeError(f"expected a Registry, got {registry!r}")
@@ -113,6 +116,7 @@ class Dispatcher:
         self.core_registry = core_registry()
         self.cache = cache
         self.error_store = error_store
+        self.session_store = session_store
         self.gate = gate
         self.rewriters = tuple(rewriters)
         self.hook_set = HookSet.of(hooks)

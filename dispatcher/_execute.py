@@ -47,7 +47,7 @@ from ._results import describe, failure_result, normalize_output
 from ._types import Status, ToolCall, ToolContext, ToolResult
 from ._watch import DEFAULT_BLOCK_THRESHOLD, Watch
 
-__all__ = ["Executor", "HookSet", "RunControl", "ToolRunner", "watch_loop"]
+__all__ = ["BeforeWrite", "Executor", "HookSet", "RunControl", "ToolRunner", "watch_loop"]
 
 log = logging.getLogger("threepass.execute")
 
@@ -55,6 +55,11 @@ ToolRunner = Callable[[PlannedCall, ToolContext], Awaitable[Any]]
 """Stands in for running the handler: returns what a handler would, or a whole ToolResult
 (offline replay serves recorded results through one; `Dispatcher(runner=...)` wraps a
 public `dispatcher.ToolRunner`)."""
+
+
+BeforeWrite = Callable[[PlannedCall], Awaitable[ToolResult | None]]
+"""Awaited before a call that writes starts (a session store records that it started):
+None lets it start; a result is the call's instead, and it does not start."""
 
 
 @attrs.frozen
@@ -199,8 +204,10 @@ class Executor:
         max_output_bytes: int,
         runner: ToolRunner | None = None,
         watch: Watch | None = None,
+        before_write: BeforeWrite | None = None,
     ) -> None:
         self._limiter = limiter
+        self._before_write = before_write
         # the dispatcher's limiter bounds sync calls too: the thread pool's own bound must
         # not add a second one, so threads are started under this unbounded limiter
         self._thread_limiter = thread_limiter
@@ -449,6 +456,17 @@ class Executor:
                 waited = await self._queue(planned, borrower, timeout)
                 if waited is not None:
                     return waited
+        if planned.writes and self._before_write is not None:
+            try:
+                refused = await self._before_write(planned)
+            except BaseException:  # cancelled while its start was being recorded
+                if borrower is not None:
+                    limiter.release_on_behalf_of(borrower)
+                raise
+            if refused is not None:  # its start could not be recorded: it does not start
+                if borrower is not None:
+                    limiter.release_on_behalf_of(borrower)
+                return refused
         # a sync call's slot is given back by its thread (it may outlive a timeout)
         release = borrower is not None and (self._runner is not None or tool.is_async or tool.in_process)
         self.started.add(planned.index)
