@@ -278,7 +278,8 @@ class Dispatcher:
         passed as `args["input"]`."""
         if session is None:
             if self._private is None:
-                self._private = Session(self, "invoke", mode="direct")
+                # code's scratch session, this dispatcher's own: never kept in the session store
+                self._private = Session(self, "invoke", mode="direct", kept=False)
             session = self._private
         arguments = {**(static or {}), **(args or {})}
         if input is not None:

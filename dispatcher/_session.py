@@ -37,7 +37,7 @@ from ._seams import ToolRunner as PublicRunner
 from ._snapshot import (
     ChainPosition,
     SessionSnapshot,
-    decode_snapshot,
+    decode_newer,
     encode_snapshot,
     fill_history,
     history_state,
@@ -109,6 +109,7 @@ class Session:
         core: Iterable[str] = (),
         recorder: Recorder | None = None,
         history_limit: int | None = DEFAULT_HISTORY_LIMIT,
+        kept: bool = True,
     ) -> None:
         if mode not in ("deferred", "direct"):
             raise ValueError(f"mode must be 'deferred' or 'direct', got {mode!r}")
@@ -135,7 +136,7 @@ class Session:
         self.last_used = time.monotonic()
         # kept in a session store (`Dispatcher(session_store=...)`): the version of the
         # snapshot this object holds, a new run asked for since, the recording's position
-        self._store: SessionStore | None = dispatcher.session_store
+        self._store: SessionStore | None = dispatcher.session_store if kept else None
         self._version = 0
         self._run_asked: tuple[float | None] | None = None
         self._chain: ChainPosition | None = None
@@ -665,10 +666,10 @@ class Session:
                     renewing.cancel_scope.cancel()
             if caught is not None:
                 raise caught
+            if keeper.failed is not None:  # what finished is saved; the writer did not start
+                raise keeper.failed
             if results is not None:
                 return results
-            if keeper.failed is not None:
-                raise keeper.failed
             raise SessionBusy(
                 self.id, "this worker's lease was lost while the batch ran: it stopped, its state unsaved"
             )
@@ -697,23 +698,38 @@ class Session:
         self._version += 1
         return True
 
-    def _adopt(self, stored: StoredSession) -> None:
+    async def refresh(self) -> bool:
+        """Bring this object up to the session's stored state now, as the next dispatch
+        would first (no lease is taken): for a worker that reads the session before it
+        dispatches, such as `request_tools` for the next request. Whether anything newer
+        was found; without a session store, nothing is done."""
+        if self._store is None:
+            return False
+        return self._adopt(await self._store.load(self.id), marks=False)
+
+    def _adopt(self, stored: StoredSession, *, marks: bool = True) -> bool:
         """Take the stored state if it is newer than what this object holds, then the new
-        run asked for since, then the started marks of writers no snapshot covers."""
+        run asked for since, then the started marks of writers no snapshot covers (under
+        the lease: `marks`). Whether the stored state was taken."""
         restored = False
         if stored.snapshot is not None:
-            snapshot = decode_snapshot(stored.snapshot)
-            if snapshot.version > self._version:
+            snapshot = decode_newer(stored.snapshot, self._version)
+            if snapshot is not None:
                 self._restore(snapshot)
                 restored = True
         asked, self._run_asked = self._run_asked, None
         if asked is not None and restored:  # it started here already, on the state now replaced
             self._start_run(asked[0])
+        if not marks:
+            if not restored:
+                self._run_asked = asked
+            return restored
         finished = self._planner_state.finished
         for call_id in stored.started:
             if call_id not in finished:
                 # its name is known when the call comes again: pass 1 makes the result then
                 finished[call_id] = FinishedCall(STOPPED_KEY, ToolResult(call_id, "", Status.failed, ""))
+        return restored
 
     def _snapshot(self, version: int) -> SessionSnapshot:
         state, unkept = json_values(self.state)

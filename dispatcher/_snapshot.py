@@ -29,6 +29,7 @@ __all__ = [
     "ChainPosition",
     "HistoryState",
     "SessionSnapshot",
+    "decode_newer",
     "decode_snapshot",
     "encode_snapshot",
     "fill_history",
@@ -174,6 +175,14 @@ def encode_snapshot(snapshot: SessionSnapshot) -> bytes:
 def decode_snapshot(data: bytes) -> SessionSnapshot:
     """`encode_snapshot`'s bytes back as a snapshot; ValueError for anything else (another
     format, a document cut short or edited into another shape)."""
+    snapshot = decode_newer(data, -1)
+    assert snapshot is not None
+    return snapshot
+
+
+def decode_newer(data: bytes, version: int) -> SessionSnapshot | None:
+    """`decode_snapshot`, or None (and no results built) when the snapshot's version is not
+    above `version`: what a worker already holding that version needs."""
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -182,6 +191,8 @@ def decode_snapshot(data: bytes) -> SessionSnapshot:
         found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise ValueError(f"session snapshot format {found!r}, expected {SNAPSHOT_FORMAT}")
     try:
+        if int(doc["version"]) <= version:
+            return None
         h = doc["history"]
         rows: Iterable[Any] = h["rows"]
         chain = doc["chain"]
