@@ -36,6 +36,7 @@ from ._seams import CacheEntry, ErrorRecord, ErrorStore, Lease, SessionStore, St
 from ._seams import ToolRunner as PublicRunner
 from ._snapshot import (
     ChainPosition,
+    RowCache,
     SessionSnapshot,
     decode_newer,
     encode_snapshot,
@@ -141,6 +142,7 @@ class Session:
         self._run_asked: tuple[float | None] | None = None
         self._chain: ChainPosition | None = None
         self._unkept: tuple[str, ...] = ()
+        self._row_cache = RowCache()
         if self._store is not None:
             # ids this worker makes for `invoke` must not meet a started mark another worker
             # left under the same number
@@ -757,7 +759,7 @@ class Session:
             dedupe=tuple(ps.dedupe.items()),
             spent_approvals=frozenset(ps.spent_approvals),
             finished=tuple(ps.finished.items()),
-            history=history_state(self.history),
+            history=history_state(self.history, self._row_cache),
             state=state,
             chain=chain,
         )
@@ -778,6 +780,7 @@ class Session:
         ps.finished.clear()
         ps.finished.update(snapshot.finished)
         fill_history(self.history, snapshot.history)
+        self._row_cache.forget()
         local = {k: v for k, v in self.state.items() if k not in snapshot.state and json_values({k: v})[1]}
         self.state.clear()
         self.state.update(local)

@@ -12,7 +12,9 @@ Nothing here touches a store, the event loop, the disk or the clock.
 
 from __future__ import annotations
 
+import collections
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -28,6 +30,7 @@ __all__ = [
     "SNAPSHOT_FORMAT",
     "ChainPosition",
     "HistoryState",
+    "RowCache",
     "SessionSnapshot",
     "decode_newer",
     "decode_snapshot",
@@ -42,6 +45,10 @@ log = logging.getLogger("threepass.session")
 SNAPSHOT_FORMAT = 1
 
 _Row = tuple[int, int, int, str, str, Any, ToolResult]
+_OPTIONS = orjson.OPT_NON_STR_KEYS
+# how every snapshot `encode_snapshot` writes begins (orjson keeps the keys' order): a
+# worker that holds this version already needs nothing more of a long history's bytes
+_HEAD = re.compile(rb'\{"format":(\d{1,9}),"version":(\d{1,18}),')
 
 
 @attrs.frozen
@@ -58,7 +65,8 @@ class ChainPosition:
 class HistoryState:
     """A History's kept rows and its counts over every committed call."""
 
-    rows: tuple[_Row, ...] = ()
+    rows: tuple[_Row | orjson.Fragment, ...] = ()
+    """Each row as History keeps it, or already encoded (`RowCache`)."""
     calls: int = 0
     deduped: int = 0
     cached: int = 0
@@ -103,10 +111,40 @@ def json_values(state: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ..
     return kept, tuple(skipped)
 
 
-def history_state(history: History) -> HistoryState:
-    """What a snapshot keeps of `history` (the rows it holds: as many as its limit allows)."""
+class RowCache:
+    """The encoded rows of one History, kept between saves: a row is encoded once, when
+    it is new, so that a save costs what the batch added, not the whole history."""
+
+    def __init__(self) -> None:
+        self._rows: collections.deque[orjson.Fragment] = collections.deque()
+        self._calls = -1  # `History.calls` when the rows were last brought up to date
+
+    def forget(self) -> None:
+        """The History was replaced wholesale (restored): encode every row again."""
+        self._calls = -1
+
+    def rows(self, history: History) -> tuple[orjson.Fragment, ...]:
+        kept = history._rows
+        new = history.calls - self._calls
+        if self._calls < 0 or new < 0 or self._rows.maxlen != kept.maxlen:
+            self._rows = collections.deque(maxlen=kept.maxlen)
+            new = len(kept)
+        if new:
+            fresh = list(kept)[-new:] if new < len(kept) else list(kept)
+            self._rows.extend(_encoded_row(row) for row in fresh)
+        self._calls = history.calls
+        return tuple(self._rows)
+
+
+def _encoded_row(row: _Row) -> orjson.Fragment:
+    return orjson.Fragment(orjson.dumps([*row[:6], row[6].to_json()], default=_plain, option=_OPTIONS))
+
+
+def history_state(history: History, cache: RowCache | None = None) -> HistoryState:
+    """What a snapshot keeps of `history` (the rows it holds: as many as its limit allows),
+    encoded through `cache` if given."""
     return HistoryState(
-        tuple(history._rows),
+        tuple(history._rows) if cache is None else cache.rows(history),
         history.calls,
         history.deduped,
         history.cached,
@@ -164,12 +202,12 @@ def encode_snapshot(snapshot: SessionSnapshot) -> bytes:
             "deduped": h.deduped,
             "cached": h.cached,
             "by_status": dict(h.by_status),
-            "rows": [[*row[:6], row[6].to_json()] for row in h.rows],
+            "rows": [row if isinstance(row, orjson.Fragment) else _encoded_row(row) for row in h.rows],
         },
         "state": dict(snapshot.state),
         "chain": None if chain is None else {"seq": chain.seq, "prev": chain.prev, "run": chain.run},
     }
-    return orjson.dumps(document, default=_plain, option=orjson.OPT_NON_STR_KEYS)
+    return orjson.dumps(document, default=_plain, option=_OPTIONS)
 
 
 def decode_snapshot(data: bytes) -> SessionSnapshot:
@@ -183,6 +221,9 @@ def decode_snapshot(data: bytes) -> SessionSnapshot:
 def decode_newer(data: bytes, version: int) -> SessionSnapshot | None:
     """`decode_snapshot`, or None (and no results built) when the snapshot's version is not
     above `version`: what a worker already holding that version needs."""
+    head = _HEAD.match(data, 0, 64)
+    if head is not None and int(head[1]) == SNAPSHOT_FORMAT and int(head[2]) <= version:
+        return None
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 
 from cache import MemorySessionStore, SqliteSessionStore
@@ -23,6 +24,7 @@ from dispatcher._snapshot import (
     SNAPSHOT_FORMAT,
     ChainPosition,
     SessionSnapshot,
+    decode_newer,
     decode_snapshot,
     encode_snapshot,
     fill_history,
@@ -310,3 +312,29 @@ def test_unkept_state_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     assert [r.getMessage() for r in caplog.records].count(
         "session s1 keeps these state values on this worker only (not JSON): 'fn'"
     ) == 1
+
+
+async def test_the_encoded_rows_a_session_keeps_between_saves_match_a_fresh_encoding() -> None:
+    """Saves that encode only the rows a batch added (the oldest falling off a bounded
+    history) give the same snapshot as encoding the whole history anew."""
+    from dispatcher import Dispatcher, Registry, Tool, ToolCall
+
+    reg = Registry([Tool("echo", "Echo.", lambda a, c: a["t"], {"type": "object"}, deferred=False)])
+    s = Dispatcher(reg, session_store=MemorySessionStore()).session("s1", history_limit=3)
+    for n in range(5):
+        await s.dispatch([ToolCall(f"c{n}a", "echo", {"t": f"{n}"}), ToolCall(f"c{n}b", "echo", {"t": "x"})])
+        cached = decode_snapshot(encode_snapshot(s._snapshot(9)))
+        whole = attrs.evolve(s._snapshot(9), history=history_state(s.history))
+        fresh = decode_snapshot(encode_snapshot(whole))
+        assert cached == fresh and len(cached.history.rows) == min(3, 2 * (n + 1))
+    assert [row[3] for row in cached.history.rows] == ["c3b", "c4a", "c4b"]
+
+
+def test_a_worker_up_to_date_reads_only_the_head_of_a_snapshot() -> None:
+    """decode_newer gives None for a version not above the one held, whatever follows the
+    head; a newer one is decoded whole (and junk after its head raises)."""
+    data = encode_snapshot(_snapshot(version=4))
+    assert decode_newer(data, 4) is None and decode_newer(data[:40] + b"junk", 4) is None
+    assert decode_newer(data, 3) == _snapshot(version=4)
+    with pytest.raises(ValueError):
+        decode_newer(data[:40] + b"junk", 3)
