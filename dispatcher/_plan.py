@@ -581,7 +581,8 @@ class Planner:
         """Dedupe in the batch (a follower shares its leader's result and decision), then in
         the run and the result cache; a writer instead ends the leadership of what it touches.
         First of all, a call that finished in this batch's earlier, cut-short dispatch is
-        served its result, writers included: it ran once. Before that, the caller's `Answer`
+        served its result, writers included: it ran once (and a writer a stopped worker
+        left started gets `stopped_result`: it may have run). Before that, the caller's `Answer`
         is the call's result and its `Deny` refuses it, whatever the tool."""
         decision = self._decisions.get(d.call_id) if self._decisions and not d.duplicate else None
         if isinstance(decision, Answer):

@@ -395,6 +395,10 @@ class Recorder:
         self.close()
         self._seq, self._resume = None, (seq, prev, run)
 
+    def set_mode(self, mode: str) -> None:
+        """The session's mode, for a header not yet written."""
+        self._header["mode"] = mode
+
     def set_meta(self, **meta: Any) -> None:
         self._header["meta"].update(meta)
 

@@ -4,7 +4,8 @@ The session owns what pass 1 reads and pass 3 changes (loaded schemas, the run's
 map, spent approvals, histories) and does every await the pure passes cannot: the
 rewriters, the result store's lookup, the gates; pass 2 is the executor's; then it
 applies what pass 3 returns (the store's writes and the recording off the event loop),
-and delivers the events.
+and delivers the events. With a session store, each batch runs under the session's lease
+and its state is loaded before and saved after (`_snapshot.py` says what is kept).
 """
 
 from __future__ import annotations
@@ -786,9 +787,11 @@ class Session:
         self.state.update(local)
         self.state.update(snapshot.state)
         self._chain = snapshot.chain
-        if self.recorder is not None and snapshot.chain is not None:
-            chain = snapshot.chain
-            self.recorder.resume_at(chain.seq, chain.prev, chain.run)
+        if self.recorder is not None:
+            self.recorder.set_mode(self.mode)  # a replay of it must plan as this session does
+            if snapshot.chain is not None:
+                chain = snapshot.chain
+                self.recorder.resume_at(chain.seq, chain.prev, chain.run)
 
 
 @attrs.define(eq=False)

@@ -364,12 +364,13 @@ async def test_a_recording_continues_its_chain_in_a_new_file_on_another_worker(t
     a, b = _workers(tmp_path, MemorySessionStore())
     first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     await a.session(SESSION, record=first).dispatch([_read("r1"), _write("w1")])
-    await b.session(SESSION, record=second).dispatch([_read("r2"), _write("w2")])
+    await b.session(SESSION, record=second, mode="direct").dispatch([_read("r2"), _write("w2")])
     b.session(SESSION).new_run()
     await b.session(SESSION).dispatch([_read("r3"), _read("r4", "in.txt")])
     header, batches, truncated, problem = read_recording(second)
     first_lines = first.read_bytes().splitlines()
     assert header["continues"] == {"seq": 1, "prev": line_hash(first_lines[1]), "run": 1}
+    assert header["mode"] == "deferred"  # the conversation's, not what B's session was opened with
     assert [r["seq"] for r in batches] == [2, 3] and problem is None and not truncated
     assert read_recording(first)[3] is None
     (tmp_path / "replay").mkdir()
