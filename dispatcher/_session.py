@@ -140,7 +140,7 @@ class Session:
         # snapshot this object holds, a new run asked for since, the recording's position
         self._store: SessionStore | None = dispatcher.session_store if kept else None
         self._version = 0
-        self._run_asked: tuple[float | None] | None = None
+        self._run_asked: tuple[float | None] | None = None  # a new run's deadline, until loaded
         self._chain: ChainPosition | None = None
         self._unkept: tuple[str, ...] = ()
         self._row_cache = RowCache()
@@ -154,11 +154,12 @@ class Session:
 
     def new_run(self, deadline: float | None = None) -> None:
         """Start the next user turn: dedupe starts empty; `deadline` is in the loop's clock
-        (`anyio.current_time()`). With a session store, the run also starts after the
-        session's stored state is loaded at the next dispatch (which may be newer)."""
-        self._start_run(deadline)
+        (`anyio.current_time()`). With a session store, the run starts on whatever stored
+        state this object's next dispatch (or `refresh`) loads: call it on the worker that
+        dispatches the turn."""
         if self._store is not None:
             self._run_asked = (deadline,)
+        self._start_run(deadline)
 
     def _start_run(self, deadline: float | None) -> None:
         self._run_id += 1
