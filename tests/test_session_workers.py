@@ -454,14 +454,19 @@ def test_interrupt_in_one_process_approve_in_another_runs_once(tmp_path: Path) -
     assert _lines(ws / "out.txt") == ["x by w1"]
 
 
-def _wait_for_mark(store: Path, call_id: str, proc: subprocess.Popen[str], timeout: float = 30) -> None:
-    async def marked() -> bool:
-        return call_id in (await SqliteSessionStore(store).load(SESSION)).started
+def _marks(store: Path) -> frozenset[str]:
+    reader = SqliteSessionStore(store)
+    try:
+        return anyio.run(reader.load, SESSION).started
+    finally:
+        reader.close()
 
+
+def _wait_for_mark(store: Path, call_id: str, proc: subprocess.Popen[str], timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[1]
-        if store.exists() and anyio.run(marked):
+        if store.exists() and call_id in _marks(store):
             return
         time.sleep(0.05)
     raise AssertionError(f"{call_id} was never marked started")
@@ -509,4 +514,4 @@ def test_a_worker_killed_mid_writer_leaves_it_uncertain_and_never_rerun(tmp_path
     assert "the worker running this call stopped; its effect is unknown" in w1.content
     assert _statuses(resumed)[1] == ("r1", "ok")
     assert _lines(ws / "out.txt") == ["x by w1"]
-    assert (anyio.run(SqliteSessionStore(store).load, SESSION)).started == frozenset()
+    assert _marks(store) == frozenset()
