@@ -234,6 +234,20 @@ async def test_a_store_that_cannot_mark_a_writer_keeps_it_from_starting(tmp_path
     assert _lines(tmp_path / "out.txt") == [] and _lines(tmp_path / "reads.log") == ["r1"]
 
 
+async def test_a_stored_snapshot_that_is_junk_raises_and_frees_the_lease(tmp_path: Path) -> None:
+    """Junk where the snapshot should be: the dispatch raises ValueError, runs nothing, and
+    gives the lease back (the next worker is not locked out by it)."""
+    store = MemorySessionStore()
+    lease = await store.acquire(SESSION)
+    await store.save(lease, b'{"format": 1, "version": 7, "history": "no"}')
+    await store.release(lease)
+    (d,) = _workers(tmp_path, store, n=1)
+    with pytest.raises(ValueError, match="snapshot"):
+        await d.session(SESSION).dispatch([_write("w1")])
+    assert _lines(tmp_path / "out.txt") == []
+    await store.release(await store.acquire(SESSION))
+
+
 async def test_writers_left_started_come_back_uncertain_and_readers_run(tmp_path: Path) -> None:
     """Marks no snapshot covers (a worker died): those writers come back failed, effect
     uncertain, not retryable, with the failure contract's first line; a reader runs; the
