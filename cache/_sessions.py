@@ -123,7 +123,7 @@ CREATE TABLE IF NOT EXISTS started (
 class SqliteSessionStore:
     """A `SessionStore` in one SQLite file, shared by the processes of one machine.
 
-    Every step is one transaction taken with `BEGIN IMMEDIATE` (so two workers acquiring
+    Every step that writes is one transaction taken with `BEGIN IMMEDIATE` (so two workers acquiring
     at once are serialised by SQLite, and one of them gets `SessionBusy`); lease expiry
     is wall-clock time (`clock`), which the processes of one machine share. The blocking
     calls run in a worker thread; the file is created 0600."""
@@ -157,10 +157,12 @@ class SqliteSessionStore:
             self._db.close()
 
     @contextlib.contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
+    def _transaction(self, *, writes: bool = True) -> Iterator[sqlite3.Connection]:
         with self._lock:
             db = self._db
-            db.execute("BEGIN IMMEDIATE")
+            # a writer takes the write lock at once, so its checks and its writes are one
+            # step; a reader reads one consistent state of both tables, and (WAL) waits on nobody
+            db.execute("BEGIN IMMEDIATE" if writes else "BEGIN")
             try:
                 yield db
             except BaseException:
@@ -220,7 +222,7 @@ class SqliteSessionStore:
 
     async def load(self, session_id: str) -> StoredSession:
         def read() -> StoredSession:
-            with self._transaction() as db:
+            with self._transaction(writes=False) as db:
                 row = db.execute("SELECT snapshot FROM sessions WHERE id = ?", (session_id,)).fetchone()
                 marks = db.execute("SELECT call_id FROM started WHERE id = ?", (session_id,)).fetchall()
             snapshot = None if row is None or row[0] is None else bytes(row[0])
