@@ -234,6 +234,27 @@ async def test_a_store_that_cannot_mark_a_writer_keeps_it_from_starting(tmp_path
     assert _lines(tmp_path / "out.txt") == [] and _lines(tmp_path / "reads.log") == ["r1"]
 
 
+async def test_a_tool_that_invokes_another_runs_inside_its_batch_lease(tmp_path: Path) -> None:
+    """A handler's ctx.invoke in a kept session is part of the running batch: it takes no
+    second lease (no SessionBusy against itself), and its call is in the saved history."""
+    from dispatcher import Tool
+
+    store = MemorySessionStore()
+    (a,) = _workers(tmp_path, store, n=1)
+
+    async def both(args: Mapping[str, Any], ctx: Any) -> str:
+        inner = await ctx.invoke("read", {"path": "out.txt"})
+        return f"inner {inner.status.value}"
+
+    a.registry.add(Tool("both", "Read through invoke.", both, {"type": "object"}, deferred=False))
+    with anyio.fail_after(5):
+        results = await a.session(SESSION).dispatch([ToolCall("b", "both", {})])
+    assert results[0].content == "inner ok" and _lines(tmp_path / "reads.log") != []
+    (b,) = _workers(tmp_path, store, n=1)
+    sb = b.session(SESSION)
+    assert await sb.refresh() and [e.call.name for e in sb.history] == ["read", "both"]
+
+
 async def test_a_stored_snapshot_that_is_junk_raises_and_frees_the_lease(tmp_path: Path) -> None:
     """Junk where the snapshot should be: the dispatch raises ValueError, runs nothing, and
     gives the lease back (the next worker is not locked out by it)."""
