@@ -1,6 +1,7 @@
 """threepass's result cache: the `ResultCache` seam, its policy, and the stores behind it;
-and the error stores behind the `ErrorStore` seam. The Redis stores need the `redis` extra
-(`pip install 'threepass[redis]'`) and are imported on first use."""
+and the error stores behind the `ErrorStore` seam; the session stores behind `SessionStore`.
+The Redis stores need the `redis` extra (`pip install 'threepass[redis]'`) and are
+imported on first use."""
 
 from typing import TYPE_CHECKING, Any
 
@@ -9,6 +10,7 @@ from ._errors import DEFAULT_MAX_RECORDS, DiskErrorStore, MemoryErrorStore
 from ._memory import MemoryResultCache
 from ._policy import DEFAULT_TTL, CachePolicy, carries_credentials, resources_overlap
 from ._protocol import CacheEntry, CacheStatistics, CacheWrite, ResultCache
+from ._sessions import DEFAULT_LEASE_SECONDS, MemorySessionStore, SqliteSessionStore
 
 if TYPE_CHECKING:
     from ._redis import RedisResultCache
@@ -21,6 +23,7 @@ _REDIS = {
 }
 
 __all__ = [
+    "DEFAULT_LEASE_SECONDS",
     "DEFAULT_MAX_RECORDS",
     "DEFAULT_SIZE_LIMIT",
     "DEFAULT_TTL",
@@ -32,10 +35,12 @@ __all__ = [
     "DiskResultCache",
     "MemoryErrorStore",
     "MemoryResultCache",
+    "MemorySessionStore",
     "RedisResultCache",
     "RedisSessionStore",
     "RedisStoreError",
     "ResultCache",
+    "SqliteSessionStore",
     "carries_credentials",
     "default_cache_dir",
     "resources_overlap",

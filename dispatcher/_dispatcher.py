@@ -23,7 +23,7 @@ from ._history import DEFAULT_HISTORY_LIMIT
 from ._plan import DEFAULT_MAX_ARGUMENT_BYTES
 from ._registry import Registry
 from ._results import DEFAULT_MAX_OUTPUT_BYTES
-from ._seams import ErrorStore, ResultCache, ToolRunner
+from ._seams import ErrorStore, ResultCache, SessionStore, ToolRunner
 from ._session import Session
 from ._types import Allow, Answer, BatchEvent, Deny, ToolCall, ToolResult
 from ._watch import DEFAULT_BLOCK_THRESHOLD, DispatcherStatistics, Watch
@@ -56,6 +56,8 @@ class Dispatcher:
 
     `cache` is the result store (None: no result cache). `error_store` remembers every
     failure of a call that ran, across sessions (None: nothing is remembered).
+    `session_store` keeps each session's state between batches where every worker sharing
+    it finds it, under a lease per session (None: a session lives in this process only).
     `max_concurrent` bounds the calls running at once across every session (default: half
     the cores, at least 3). `gate` is asked about calls that need confirmation; without
     one, every call runs. `runner` answers calls instead of their handlers (a
@@ -97,6 +99,7 @@ class Dispatcher:
         queue_limit: float | None = None,
         block_threshold: float = DEFAULT_BLOCK_THRESHOLD,
         error_store: ErrorStore | None = None,
+        session_store: SessionStore | None = None,
     ) -> None:
         if not isinstance(registry, Registry):
             raise TypeError(f"expected a Registry, got {registry!r}")
@@ -113,6 +116,7 @@ class Dispatcher:
         self.core_registry = core_registry()
         self.cache = cache
         self.error_store = error_store
+        self.session_store = session_store
         self.gate = gate
         self.rewriters = tuple(rewriters)
         self.hook_set = HookSet.of(hooks)
@@ -207,12 +211,17 @@ class Dispatcher:
         core: Sequence[str] = (),
         record: str | os.PathLike[str] | None = None,
         record_fsync: bool = False,
+        record_wait: bool = True,
         history_limit: int | None = DEFAULT_HISTORY_LIMIT,
     ) -> Session:
         """The session named `session_id` (made on first use). `record` appends every batch to
-        that JSONL file (`record_fsync`: each batch synced to the disk before the batch
-        returns). `core` names more tools whose schemas go in every request.
-        `history_limit` is how many committed calls `Session.history` keeps (None: all)."""
+        that JSONL file, written by a thread of its own: a batch returns once its line is in
+        the file (`record_fsync`: synced to the disk; `record_wait=False`: once the line is
+        handed to that thread, which writes it within milliseconds — a crash may then lose
+        the last lines, never the file's order or its chain; with a session store a batch
+        always waits, so that the saved state and the file agree). `core` names more tools
+        whose schemas go in every request. `history_limit` is how many committed calls
+        `Session.history` keeps (None: all)."""
         if session_id is None:
             session_id = f"s{next(self._unnamed)}"
             while session_id in self._sessions:
@@ -226,7 +235,12 @@ class Dispatcher:
             from ._recording import Recorder
 
             recorder = Recorder(
-                Path(record), registry=self.registry, session_id=session_id, mode=mode, fsync=record_fsync
+                Path(record),
+                registry=self.registry,
+                session_id=session_id,
+                mode=mode,
+                fsync=record_fsync,
+                wait=record_wait or self.session_store is not None,
             )
         session = Session(
             self, session_id, mode=mode, core=core, recorder=recorder, history_limit=history_limit
@@ -274,7 +288,8 @@ class Dispatcher:
         passed as `args["input"]`."""
         if session is None:
             if self._private is None:
-                self._private = Session(self, "invoke", mode="direct")
+                # code's scratch session, this dispatcher's own: never kept in the session store
+                self._private = Session(self, "invoke", mode="direct", kept=False)
             session = self._private
         arguments = {**(static or {}), **(args or {})}
         if input is not None:

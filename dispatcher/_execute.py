@@ -48,7 +48,7 @@ from ._results import describe, failure_result, normalize_output
 from ._types import ContextHost, Status, ToolCall, ToolContext, ToolResult, new_context, new_result
 from ._watch import DEFAULT_BLOCK_THRESHOLD, Watch
 
-__all__ = ["Executor", "HookSet", "RunControl", "ToolRunner", "watch_loop"]
+__all__ = ["BeforeWrite", "Executor", "HookSet", "RunControl", "ToolRunner", "watch_loop"]
 
 log = logging.getLogger("threepass.execute")
 
@@ -58,6 +58,11 @@ ToolRunner = Callable[[PlannedCall, ToolContext], Awaitable[Any]]
 """Stands in for running the handler: returns what a handler would, or a whole ToolResult
 (offline replay serves recorded results through one; `Dispatcher(runner=...)` wraps a
 public `dispatcher.ToolRunner`)."""
+
+
+BeforeWrite = Callable[[PlannedCall], Awaitable[ToolResult | None]]
+"""Awaited before a call that writes starts (a session store records that it started):
+None lets it start; a result is the call's instead, and it does not start."""
 
 
 @attrs.frozen
@@ -205,8 +210,10 @@ class Executor:
         max_output_bytes: int,
         runner: ToolRunner | None = None,
         watch: Watch | None = None,
+        before_write: BeforeWrite | None = None,
     ) -> None:
         self._limiter = limiter
+        self._before_write = before_write
         # the dispatcher's limiter bounds sync calls too: the thread pool's own bound must
         # not add a second one, so threads are started under this unbounded limiter
         self._thread_limiter = thread_limiter
@@ -371,6 +378,15 @@ class Executor:
             if slot.borrower is not None:
                 self._give_back(slot)
 
+    def _let_go(self, slot: _Slot, borrower: object | None) -> None:
+        """Give back the slot a call took (or its worker kept) for a call that does not start."""
+        if borrower is None:
+            return
+        if slot.borrower is borrower:
+            self._give_back(slot)
+        else:
+            self._limiter.release_on_behalf_of(borrower)
+
     def _give_back(self, slot: _Slot) -> None:
         """Return the limiter slot a worker kept between its calls."""
         borrower, slot.borrower = slot.borrower, None
@@ -506,6 +522,15 @@ class Executor:
                     waited = await self._queue(planned, borrower, timeout)
                     if waited is not None:
                         return waited
+        if planned.writes and self._before_write is not None:
+            try:
+                refused = await self._before_write(planned)
+            except BaseException:  # cancelled while its start was being recorded
+                self._let_go(slot, borrower)
+                raise
+            if refused is not None:  # its start could not be recorded: it does not start
+                self._let_go(slot, borrower)
+                return refused
         release = release and borrower is not None
         self.started.add(planned.index)
         started = time.time()

@@ -31,7 +31,7 @@ from ._credentials import carries_credentials
 from ._fastcheck import fast_verdict
 from ._policy import resources_overlap
 from ._registry import RegisteredTool, Registry
-from ._results import describe, failure_result, normalize_output, safe_text, shown
+from ._results import DEFAULT_MAX_OUTPUT_BYTES, describe, failure_result, normalize_output, safe_text, shown
 from ._seams import CacheEntry
 from ._types import Allow, Answer, Deny, Status, ToolCall, ToolResult, call_id_of, maker, new_result
 
@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_MAX_ARGUMENT_BYTES",
     "RUN_TOOL",
     "FIND_TOOLS",
+    "STOPPED_KEY",
     "PATHS",
     "DedupeEntry",
     "Draft",
@@ -50,6 +51,7 @@ __all__ = [
     "Step",
     "call_key",
     "canonical_json",
+    "stopped_result",
 ]
 
 log = logging.getLogger("threepass.plan")
@@ -97,6 +99,28 @@ PATHS: dict[str, tuple[Step, ...]] = {
 # directly (one call each, where `_check` loops over the table): they must be these
 if PATHS["resolve"] != (Step.KEY, Step.LOOKUP, Step.VALIDATE, Step.CONFIRM):  # pragma: no cover
     raise AssertionError("Planner.lookups and Planner.resolve take the steps of PATHS['resolve']")
+
+
+STOPPED_KEY = "\x00stopped"
+"""The key of a `FinishedCall` standing for a writer that a worker started and never
+committed (its session store's started mark): it matches whatever key the call arrives
+with, and the call is answered with `stopped_result` instead of running again."""
+STOPPED_ERROR = "the worker running this call stopped; its effect is unknown"
+
+
+def stopped_result(call_id: str, name: str, limit: int = DEFAULT_MAX_OUTPUT_BYTES) -> ToolResult:
+    """The result of a writer a stopped worker left started: failed, its effect uncertain,
+    and not to be retried blindly."""
+    return failure_result(
+        call_id,
+        name,
+        Status.failed,
+        STOPPED_ERROR,
+        retryable=False,
+        effect_uncertain=True,
+        hint="look at what it writes to see whether it happened before calling it again",
+        limit=limit,
+    )
 
 
 def _served_again(result: ToolResult, call_id: str) -> ToolResult:
@@ -567,7 +591,8 @@ class Planner:
         """Dedupe in the batch (a follower shares its leader's result and decision), then in
         the run and the result cache; a writer instead ends the leadership of what it touches.
         First of all, a call that finished in this batch's earlier, cut-short dispatch is
-        served its result, writers included: it ran once. Before that, the caller's `Answer`
+        served its result, writers included: it ran once (and a writer a stopped worker
+        left started gets `stopped_result`: it may have run). Before that, the caller's `Answer`
         is the call's result and its `Deny` refuses it, whatever the tool."""
         decision = self._decisions.get(d.call_id) if self._decisions and not d.duplicate else None
         if isinstance(decision, Answer):
@@ -577,8 +602,13 @@ class Planner:
             self.deny(d, decision.reason)
             return False
         finished = self._state.finished
-        if finished and (done := finished.get(d.call_id)) is not None and done.key == d.key:
-            d.decide(_served_again(done.result, d.call_id))
+        if finished and (done := finished.get(d.call_id)) is not None and done.key in (d.key, STOPPED_KEY):
+            served = done.key == d.key
+            d.decide(
+                _served_again(done.result, d.call_id)
+                if served
+                else stopped_result(d.call_id, d.name, self._max_out)
+            )
             self._carried.add(d.index)
             return False
         if not d.writes:

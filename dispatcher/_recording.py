@@ -59,7 +59,7 @@ import xxhash
 from . import _backend
 from ._credentials import may_hold_credentials, redact_collecting, redact_text
 from ._exceptions import DispatchInterrupted, HookBlocked
-from ._plan import FIND_TOOLS, Plan, PlannedCall, call_key, canonical_json
+from ._plan import FIND_TOOLS, STOPPED_KEY, FinishedCall, Plan, PlannedCall, call_key, canonical_json
 from ._registry import Registry
 from ._results import normalize_output
 from ._types import Allow, Answer, Decision, Deny, Interrupt, Status, ToolCall, ToolContext, ToolResult
@@ -354,6 +354,8 @@ def _how(planned: PlannedCall, result: ToolResult | None) -> str:
             return "deduped"
         if planned.outcome.cached:
             return "ran"  # a cache hit then is a run now, when the cache may be empty
+        if planned.outcome.effect_uncertain:
+            return "stopped"  # a writer a stopped worker left started
         return planned.outcome.status.value
     return "ran" if result is not None else "unfinished"
 
@@ -480,6 +482,7 @@ class Recorder:
         }
         self._seq: int | None = None  # of the last line written; None until the file is read or begun
         self._prev = ""
+        self._resume: tuple[int, str, int] | None = None  # another worker's chain position
         self.problem: Exception | None = None
         self.fsync = fsync
         self.wait = wait
@@ -621,6 +624,22 @@ class Recorder:
         self._writer_state()
         self.problem = RuntimeError(f"a forked child does not write its parent's recording {self.path}")
 
+    @property
+    def position(self) -> tuple[int, str] | None:
+        """The last record's seq and line hash (None: the file is neither read nor begun)."""
+        return None if self._seq is None else (self._seq, self._prev)
+
+    def resume_at(self, seq: int, prev: str, run: int) -> None:
+        """Go on from where another worker's recording of this session stands (record `seq`
+        of run `run`, whose line hashes to `prev`): in the same file, from its last line
+        (a warning if that is elsewhere); in a new file, from a header that says so."""
+        self.close()
+        self._seq, self._resume = None, (seq, prev, run)
+
+    def set_mode(self, mode: str) -> None:
+        """The session's mode, for a header not yet written."""
+        self._header["mode"] = mode
+
     def set_meta(self, **meta: Any) -> None:
         self._header["meta"].update(meta)
 
@@ -632,9 +651,13 @@ class Recorder:
         except FileNotFoundError:
             data = b""
         last = data.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+        resume, self._resume = self._resume, None
         if not last:
-            header = json.dumps(self._header, ensure_ascii=True).encode()
-            self._seq, self._prev = 0, line_hash(header)
+            fields = self._header
+            if resume is not None:  # the chain goes on from the header, which says from where
+                fields = {**fields, "continues": {"seq": resume[0], "prev": resume[1], "run": resume[2]}}
+            header = json.dumps(fields, ensure_ascii=True).encode()
+            self._seq, self._prev = (0 if resume is None else resume[0]), line_hash(header)
             return [header]
         try:
             seq = json.loads(last).get("seq")
@@ -644,6 +667,14 @@ class Recorder:
         # the chain goes on regardless, and replay reports where it breaks
         self._seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
         self._prev = line_hash(last)
+        if resume is not None and resume[:2] != (self._seq, self._prev):
+            log.warning(
+                "the recording %s ends at record %s, not at record %s where the session's state "
+                "stands; it goes on from the file's last line",
+                self.path,
+                self._seq,
+                resume[0],
+            )
         return []
 
     def _open(self) -> tuple[int, list[bytes]]:
@@ -1032,6 +1063,9 @@ def _read(path: str | os.PathLike[str]) -> _Recording:
         )
     batches: list[tuple[int, dict[str, Any]]] = []
     seq_before, hash_before = 0, line_hash(parsed[0][1])
+    continues = header.get("continues")
+    if chained and isinstance(continues, dict) and _is_int(continues.get("seq")):
+        seq_before = continues["seq"]  # a recording that another file's chain goes on in
     for at in range(1, len(parsed)):
         number, raw, record = parsed[at]
         kind = record.get("type")
@@ -1315,7 +1349,8 @@ async def replay(
         return report(0, 0, None)
     session = dispatcher.session(f"replay:{header.get('session', '')}", mode=header.get("mode", "deferred"))
     calls_seen = 0
-    last_run = None
+    continues = header.get("continues")
+    last_run = continues.get("run") if isinstance(continues, dict) else None
     for number, (line, batch) in enumerate(recording.batches, 1):
         if last_run is not None and batch["run"] != last_run:
             session.new_run()
@@ -1332,6 +1367,10 @@ async def replay(
         serve = _BatchServer(number, line, batch["plan"], batch["results"], clean=clean)
         calls = [_replayed_call(c) for c in batch["calls"]]
         call_ids = [str(c.get("id", "")) for c in batch["calls"]]
+        for call_id, row in zip(call_ids, batch["plan"], strict=True):
+            if row["how"] == "stopped":  # as the session store's started mark did then
+                placeholder = ToolResult(call_id, row["name"], Status.failed, "")
+                session._planner_state.finished[call_id] = FinishedCall(STOPPED_KEY, placeholder)
         gate = _recorded_gate(batch.get("decisions", {}))
         answers = {
             k: Answer(v["answer"])

@@ -4,7 +4,8 @@ The session owns what pass 1 reads and pass 3 changes (loaded schemas, the run's
 map, spent approvals, histories) and does every await the pure passes cannot: the
 rewriters, the result store's lookup, the gates; pass 2 is the executor's; then it
 applies what pass 3 returns (the store's writes and the recording off the event loop),
-and delivers the events.
+and delivers the events. With a session store, each batch runs under the session's lease
+and its state is loaded before and saved after (`_snapshot.py` says what is kept).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -21,17 +23,27 @@ import attrs
 
 from ._commit import CommitEffects, commit, forget_overlapping, land
 from ._errors import SECRET_STORE_KEY, FailureNotes, needs_note, signatures_of
-from ._exceptions import DispatchInterrupted, HookBlocked
-from ._execute import Executor, ToolRunner, _maybe_await
+from ._exceptions import DispatchInterrupted, HookBlocked, SessionBusy
+from ._execute import BeforeWrite, Executor, ToolRunner, _maybe_await
 from ._history import DEFAULT_HISTORY_LIMIT, History
 from ._messages import tool_calls_of
-from ._plan import Draft, Plan, PlannedCall, Planner, PlannerState
+from ._plan import STOPPED_KEY, Draft, FinishedCall, Plan, PlannedCall, Planner, PlannerState
 from ._providers import core_names, request_tools, tool_index, tool_messages
 from ._registry import Tool
-from ._results import describe, shown
+from ._results import describe, failure_result, shown
 from ._rewrite import rewrite
-from ._seams import CacheEntry, ErrorRecord, ErrorStore
+from ._seams import CacheEntry, ErrorRecord, ErrorStore, Lease, SessionStore, StoredSession
 from ._seams import ToolRunner as PublicRunner
+from ._snapshot import (
+    ChainPosition,
+    RowCache,
+    SessionSnapshot,
+    decode_newer,
+    encode_snapshot,
+    fill_history,
+    history_state,
+    json_values,
+)
 from ._stores import epoch_before, look_up, moved_elsewhere, remember_failures, update_store
 from ._types import (
     Allow,
@@ -42,6 +54,7 @@ from ._types import (
     HistoryEntry,
     Interrupt,
     Provider,
+    Status,
     ToolCall,
     ToolContext,
     ToolResult,
@@ -97,6 +110,7 @@ class Session:
         core: Iterable[str] = (),
         recorder: Recorder | None = None,
         history_limit: int | None = DEFAULT_HISTORY_LIMIT,
+        kept: bool = True,
     ) -> None:
         if mode not in ("deferred", "direct"):
             raise ValueError(f"mode must be 'deferred' or 'direct', got {mode!r}")
@@ -116,17 +130,37 @@ class Session:
         self._executed = 0
         self._one_batch: Any = None  # the bound loop's Lock, made at the first dispatch
         self._ids = itertools.count(1)
+        self._id_prefix = f"invoke_{session_id}_"
         self._cleanups: list[Callable[[], Any]] = []
         self.closed = False
         self.busy = False
         self.last_used = time.monotonic()
-        self.new_run()
+        # kept in a session store (`Dispatcher(session_store=...)`): the version of the
+        # snapshot this object holds, a new run asked for since, the recording's position
+        self._store: SessionStore | None = dispatcher.session_store if kept else None
+        self._version = 0
+        self._run_asked: tuple[float | None] | None = None  # a new run's deadline, until loaded
+        self._chain: ChainPosition | None = None
+        self._unkept: tuple[str, ...] = ()
+        self._row_cache = RowCache()
+        if self._store is not None:
+            # ids this worker makes for `invoke` must not meet a started mark another worker
+            # left under the same number
+            self._id_prefix = f"invoke_{session_id}_{secrets.token_hex(4)}_"
+        self._start_run(None)
 
     # -- runs and schemas ------------------------------------------------------------
 
     def new_run(self, deadline: float | None = None) -> None:
         """Start the next user turn: dedupe starts empty; `deadline` is in the loop's clock
-        (`anyio.current_time()`)."""
+        (`anyio.current_time()`). With a session store, the run starts on whatever stored
+        state this object's next dispatch (or `refresh`) loads: call it on the worker that
+        dispatches the turn."""
+        if self._store is not None:
+            self._run_asked = (deadline,)
+        self._start_run(deadline)
+
+    def _start_run(self, deadline: float | None) -> None:
         self._run_id += 1
         self._round = 0
         self._deadline = deadline
@@ -301,7 +335,9 @@ class Session:
         token = _INSIDE.set(inside | {self})
         self.busy = True
         try:
-            return await self._dispatch_one(bound, calls, decisions, all_loaded, runner, gate)
+            if self._store is None:
+                return await self._dispatch_one(bound, calls, decisions, all_loaded, runner, gate)
+            return await self._dispatch_kept(self._store, bound, calls, decisions, all_loaded, runner, gate)
         finally:
             self.busy = False
             self.last_used = time.monotonic()
@@ -316,6 +352,7 @@ class Session:
         all_loaded: bool,
         runner: ToolRunner | None,
         gate: Callable[..., Any] | None,
+        before_write: BeforeWrite | None = None,
     ) -> list[ToolResult]:
         calls = tool_calls_of(calls)  # once: the planner and the recording read the same calls
         d = self.dispatcher
@@ -381,6 +418,7 @@ class Session:
             max_output_bytes=d.max_output_bytes,
             runner=runner,
             watch=d.watch,
+            before_write=before_write,
         )
         want_events = bool(self._subscribers or d.on_result is not None)
         escaped = ""  # what ended pass 2 early (an outcome of BatchEvent), if anything did
@@ -590,7 +628,220 @@ class Session:
                     log.warning("event subscriber %s raised; ignored", shown(fn), exc_info=True)
 
     def next_call_id(self) -> str:
-        return f"invoke_{self.id}_{next(self._ids)}"
+        return f"{self._id_prefix}{next(self._ids)}"
+
+    # -- state kept in a session store ---------------------------------------------------
+
+    async def _dispatch_kept(
+        self,
+        store: SessionStore,
+        bound: _Binding,
+        calls: Sequence[Any],
+        decisions: Mapping[str, Allow | Deny | Answer] | None,
+        all_loaded: bool,
+        runner: ToolRunner | None,
+        gate: Callable[..., Any] | None,
+    ) -> list[ToolResult]:
+        """A batch under the session's lease: take it (SessionBusy at once if another worker
+        holds it), load the stored state, run the batch while renewing the lease, save what
+        the batch landed (also when it was interrupted, blocked or cancelled), give the lease
+        up. A lease lost while the batch runs stops the batch, and nothing is saved."""
+        keeper = _Keeper(store, await store.acquire(self.id), self.dispatcher.max_output_bytes)
+        try:
+            self._adopt(await store.load(self.id))
+            results: list[ToolResult] | None = None
+            caught: BaseException | None = None
+            async with anyio.create_task_group() as renewing:
+                renewing.start_soon(keeper.renew)
+                try:
+                    with anyio.CancelScope() as keeper.scope:
+                        try:
+                            ran = await self._dispatch_one(
+                                bound, calls, decisions, all_loaded, runner, gate, keeper.mark
+                            )
+                        except BaseException as exc:
+                            await self._keep(keeper, exc)
+                            raise
+                        if await self._keep(keeper, None):
+                            results = ran
+                except BaseException as exc:  # raised below, outside the task group
+                    caught = exc
+                finally:
+                    renewing.cancel_scope.cancel()
+            if caught is not None:
+                raise caught
+            if keeper.failed is not None:  # what finished is saved; the writer did not start
+                raise keeper.failed
+            if results is not None:
+                return results
+            raise SessionBusy(
+                self.id, "this worker's lease was lost while the batch ran: it stopped, its state unsaved"
+            )
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await store.release(keeper.lease)
+                except Exception:
+                    log.warning("releasing the lease of session %s failed", self.id, exc_info=True)
+
+    async def _keep(self, keeper: _Keeper, ended: BaseException | None) -> bool:
+        """Save the session at the end of a batch, whatever ended it (`ended`), unless the
+        lease is lost; whether it was saved. A save that fails raises, unless the batch
+        ended with a cancellation or a KeyboardInterrupt: that goes on, the failure logged."""
+        if keeper.lost:
+            return False
+        with anyio.CancelScope(shield=True):
+            try:
+                snapshot = encode_snapshot(self._snapshot(self._version + 1))
+                await keeper.store.save(keeper.lease, snapshot)
+            except Exception:
+                if ended is None or isinstance(ended, Exception):
+                    raise
+                log.warning("the state of session %s could not be saved", self.id, exc_info=True)
+                return False
+        self._version += 1
+        return True
+
+    async def refresh(self) -> bool:
+        """Bring this object up to the session's stored state now, as the next dispatch
+        would first (no lease is taken): for a worker that reads the session before it
+        dispatches, such as `request_tools` for the next request. Whether anything newer
+        was found; without a session store, nothing is done."""
+        if self._store is None:
+            return False
+        return self._adopt(await self._store.load(self.id), marks=False)
+
+    def _adopt(self, stored: StoredSession, *, marks: bool = True) -> bool:
+        """Take the stored state if it is newer than what this object holds, then the new
+        run asked for since, then the started marks of writers no snapshot covers (under
+        the lease: `marks`). Whether the stored state was taken."""
+        restored = False
+        if stored.snapshot is not None:
+            snapshot = decode_newer(stored.snapshot, self._version)
+            if snapshot is not None:
+                self._restore(snapshot)
+                restored = True
+        asked, self._run_asked = self._run_asked, None
+        if asked is not None and restored:  # it started here already, on the state now replaced
+            self._start_run(asked[0])
+        if not marks:
+            if not restored:
+                self._run_asked = asked
+            return restored
+        finished = self._planner_state.finished
+        for call_id in stored.started:
+            if call_id not in finished:
+                # its name is known when the call comes again: pass 1 makes the result then
+                finished[call_id] = FinishedCall(STOPPED_KEY, ToolResult(call_id, "", Status.failed, ""))
+        return restored
+
+    def _snapshot(self, version: int) -> SessionSnapshot:
+        state, unkept = json_values(self.state)
+        if unkept != self._unkept:
+            self._unkept = unkept
+            if unkept:
+                log.info("session %s keeps these state values on this worker only (not JSON): %s",
+                         self.id, ", ".join(unkept))  # fmt: skip
+        chain = self._chain
+        position = None if self.recorder is None else self.recorder.position
+        if position is not None:
+            chain = ChainPosition(position[0], position[1], self._run_id)
+        self._chain = chain
+        ps = self._planner_state
+        return SessionSnapshot(
+            version=version,
+            session_id=self.id,
+            run_id=self._run_id,
+            round=self._round,
+            rounds=self._rounds_total,
+            executed=self._executed,
+            mode=self.mode,
+            core=self._extra_core,
+            loaded=frozenset(ps.loaded),
+            dedupe=tuple(ps.dedupe.items()),
+            spent_approvals=frozenset(ps.spent_approvals),
+            finished=tuple(ps.finished.items()),
+            history=history_state(self.history, self._row_cache),
+            state=state,
+            chain=chain,
+        )
+
+    def _restore(self, snapshot: SessionSnapshot) -> None:
+        """Become the stored session (the deadline, a worker's own clock, stays)."""
+        self._version = snapshot.version
+        self._run_id, self._round = snapshot.run_id, snapshot.round
+        self._rounds_total, self._executed = snapshot.rounds, snapshot.executed
+        self.mode, self._extra_core = snapshot.mode, snapshot.core
+        ps = self._planner_state
+        ps.loaded.clear()
+        ps.loaded.update(snapshot.loaded)
+        ps.dedupe.clear()
+        ps.dedupe.update(snapshot.dedupe)
+        ps.spent_approvals.clear()
+        ps.spent_approvals.update(snapshot.spent_approvals)
+        ps.finished.clear()
+        ps.finished.update(snapshot.finished)
+        fill_history(self.history, snapshot.history)
+        self._row_cache.forget()
+        local = {k: v for k, v in self.state.items() if k not in snapshot.state and json_values({k: v})[1]}
+        self.state.clear()
+        self.state.update(local)
+        self.state.update(snapshot.state)
+        self._chain = snapshot.chain
+        if self.recorder is not None:
+            self.recorder.set_mode(self.mode)  # a replay of it must plan as this session does
+            if snapshot.chain is not None:
+                chain = snapshot.chain
+                self.recorder.resume_at(chain.seq, chain.prev, chain.run)
+
+
+@attrs.define(eq=False)
+class _Keeper:
+    """One batch's lease: renewed every third of its life, and the hook that records each
+    writer's start. A renewal that finds the lease gone, or a start that cannot be recorded,
+    stops the batch (`scope`)."""
+
+    store: SessionStore
+    lease: Lease
+    max_output_bytes: int
+    scope: anyio.CancelScope | None = None
+    lost: bool = False
+    failed: BaseException | None = None
+
+    def _stop(self) -> None:
+        if self.scope is not None:
+            self.scope.cancel()
+
+    async def renew(self) -> None:
+        every = self.lease.seconds / 3
+        while True:
+            await anyio.sleep(every)
+            try:
+                held = await self.store.renew(self.lease)
+            except Exception:  # tried again: a save refused at the end says if it expired
+                log.warning("renewing the lease of session %s failed", self.lease.session_id, exc_info=True)
+                continue
+            if not held:
+                log.warning("session %s: this worker lost its lease; the batch stops", self.lease.session_id)
+                self.lost = True
+                self._stop()
+                return
+
+    async def mark(self, planned: PlannedCall) -> ToolResult | None:
+        """Record that `planned` starts; if that cannot be done, a result instead of running it."""
+        why = "the batch was stopped" if self.lost or self.failed is not None else None
+        if why is None:
+            try:
+                await self.store.mark_started(self.lease, (planned.call_id,))
+                return None
+            except Exception as exc:
+                self.failed = exc
+                self._stop()
+                why = f"the session store could not record its start: {describe(exc)}"
+        return failure_result(
+            planned.call_id, planned.name, Status.failed, f"{planned.name} did not start: {why}",
+            limit=self.max_output_bytes,
+        )  # fmt: skip
 
 
 def _outcome_of(control: BaseException | None) -> str:

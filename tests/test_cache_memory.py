@@ -33,6 +33,7 @@ def test_public_names() -> None:
     """cache exports exactly its public names."""
     assert sorted(cache.__all__) == sorted(
         [
+            "DEFAULT_LEASE_SECONDS",
             "DEFAULT_MAX_RECORDS",
             "DEFAULT_SIZE_LIMIT",
             "DEFAULT_TTL",
@@ -44,10 +45,12 @@ def test_public_names() -> None:
             "DiskResultCache",
             "MemoryErrorStore",
             "MemoryResultCache",
+            "MemorySessionStore",
             "RedisResultCache",
             "RedisSessionStore",
             "RedisStoreError",
             "ResultCache",
+            "SqliteSessionStore",
             "carries_credentials",
             "default_cache_dir",
             "resources_overlap",

@@ -13,7 +13,9 @@ The promises checked, batch by batch:
   earlier read of it, by dedupe or by the shared result cache;
 - exactly once across a resume: a batch cut short by a tool raising `DispatchInterrupted`
   (or `HookBlocked`) keeps what finished, and dispatching it again serves those calls and
-  runs only the rest.
+  runs only the rest;
+- the same when each session is driven in turn by two workers (Dispatchers sharing a
+  session store): the conversation is one, whichever worker dispatches.
 
 The reference is serial: pass 2 runs concurrent calls together, but the barriers make the
 outcome that of running them in call order, so that is what the model computes. What ran
@@ -38,7 +40,7 @@ from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
-from cache import MemoryResultCache
+from cache import MemoryResultCache, MemorySessionStore
 from dispatcher import (
     Allow,
     Answer,
@@ -459,6 +461,8 @@ class Variant:
     sessions: Mapping[str, int]
     races: bool = False
     changed_allows: bool = False
+    workers: bool = False
+    """Each session is driven by either of two Dispatchers sharing a session store."""
 
 
 SOLO = Variant("solo", {"p": 1, "r": 2})
@@ -466,6 +470,8 @@ SESSIONS = Variant("sessions", {"p": 1, "q": 1, "r": 2})
 RACES = Variant("races", {"p": 1, "q": 1, "r": 2}, races=True)
 APPROVALS = Variant("approvals", {"p": 1, "r": 2}, changed_allows=True)
 """As SOLO, and approvals mostly change a write's text (`Allow(args)`)."""
+WORKERS = Variant("workers", {"p": 1, "r": 2}, workers=True)
+"""As SOLO, each session's batches, resumes and new runs landing on either of two workers."""
 
 
 @attrs.frozen
@@ -527,10 +533,22 @@ class KernelMachine(RuleBasedStateMachine):
         self.portal = self._portal_cm.__enter__()
         self.world = World()
         store = MemoryResultCache()
-        dispatchers = {
-            n: Dispatcher(build_registry(self.world), cache=store, gate=interrupt_every_call) for n in (1, 2)
-        }
+        kept = MemorySessionStore() if self.variant.workers else None
+
+        def worker() -> dict[int, Dispatcher]:
+            return {
+                n: Dispatcher(build_registry(self.world), cache=store, gate=interrupt_every_call,
+                              session_store=kept)
+                for n in (1, 2)
+            }  # fmt: skip
+
+        dispatchers = worker()
         self.live = {name: dispatchers[d].session(name) for name, d in self.variant.sessions.items()}
+        others = worker() if self.variant.workers else {}
+        self.other = {name: others[d].session(name) for name, d in self.variant.sessions.items() if others}
+        """The second worker's object for each session (the WORKERS variant)."""
+        self.pinned: dict[str, int] = {}
+        """The worker a session's next dispatch goes to (where its new run was asked)."""
         self.model = Reference(self.variant.sessions)
         self.last: dict[str, tuple[list[ToolCall], dict[str, Decision], tuple[str, ...]]] = {}
         """Each session's last batch, its decisions, and the calls it is waiting on, if any."""
@@ -559,10 +577,22 @@ class KernelMachine(RuleBasedStateMachine):
                     decisions[call_id] = Allow({**spec.args, "text": "z"})
         return calls, decisions
 
+    def _worker(self, data: st.DataObject, name: str) -> int:
+        """Which worker drives the next step of a session (always the first but in WORKERS).
+        The worker a new run was started on dispatches the session next: `new_run` takes
+        effect at that object's next dispatch, as when a user turn lands on one worker."""
+        if not self.variant.workers:
+            return 0
+        pinned = self.pinned.pop(name, None)
+        return pinned if pinned is not None else data.draw(st.integers(0, 1), label="worker")
+
+    def _session(self, name: str, worker: int) -> Session:
+        return self.other[name] if worker else self.live[name]
+
     def _run(
-        self, name: str, calls: list[ToolCall], decisions: Mapping[str, Decision]
+        self, name: str, calls: list[ToolCall], decisions: Mapping[str, Decision], worker: int = 0
     ) -> tuple[Got, list[str]]:
-        session = self.live[name]
+        session = self._session(name, worker)
         start = len(self.world.log)
 
         async def go() -> Got:
@@ -575,10 +605,12 @@ class KernelMachine(RuleBasedStateMachine):
         got = self.portal.call(go)
         return got, [call_id for call_id, _ in self.world.log[start:]]
 
-    def _dispatch(self, name: str, calls: list[ToolCall], decisions: dict[str, Decision]) -> None:
+    def _dispatch(
+        self, name: str, calls: list[ToolCall], decisions: dict[str, Decision], worker: int = 0
+    ) -> None:
         prediction = self.model.dispatch(name, calls, decisions)
-        got, ran = self._run(name, calls, decisions)
-        check(f"session {name}", calls, decisions, prediction, got, ran)
+        got, ran = self._run(name, calls, decisions, worker)
+        check(f"session {name} on worker {worker}", calls, decisions, prediction, got, ran)
         _tell(prediction)
         self.last[name] = (calls, decisions, prediction.pending)
 
@@ -593,7 +625,7 @@ class KernelMachine(RuleBasedStateMachine):
             self._resume(name, data)
             return
         calls, decisions = self._batch(specs)
-        self._dispatch(name, calls, decisions)
+        self._dispatch(name, calls, decisions, self._worker(data, name))
 
     def _waiting(self) -> list[str]:
         return sorted(name for name, (_, _, pending) in self.last.items() if pending)
@@ -620,7 +652,7 @@ class KernelMachine(RuleBasedStateMachine):
                 decisions[call_id] = Allow({**args_of(by_id[call_id]), "text": "z"})
             elif choice is not None:
                 decisions[call_id] = _decision(choice)
-        self._dispatch(name, calls, decisions)
+        self._dispatch(name, calls, decisions, self._worker(data, name))
 
     @precondition(lambda self: bool(self.last))
     @rule(data=st.data())
@@ -629,13 +661,16 @@ class KernelMachine(RuleBasedStateMachine):
         or a resume with nothing new to say)."""
         name = data.draw(st.sampled_from(sorted(self.last)), label="session")
         calls, decisions, _ = self.last[name]
-        self._dispatch(name, calls, decisions)
+        self._dispatch(name, calls, decisions, self._worker(data, name))
 
     @rule(data=st.data())
     def new_run(self, data: st.DataObject) -> None:
         """The next user turn on one session."""
         name = data.draw(st.sampled_from(sorted(self.live)), label="session")
-        self.live[name].new_run()
+        worker = self._worker(data, name)
+        self._session(name, worker).new_run()
+        if self.variant.workers:
+            self.pinned[name] = worker
         self.model.new_run(name)
 
     @precondition(lambda self: self.variant.races)
@@ -818,6 +853,15 @@ def test_one_session_per_dispatcher_keeps_every_promise(backend: str, request: p
     """Random batches, resumes and new runs on one session of each of two dispatchers that
     share a result store match the serial reference."""
     run_machine(SOLO, backend, request, gaps=())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sessions_moving_between_two_workers_keep_every_promise(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    """The same, each step of a session landing on either of two workers (Dispatchers that
+    share a session store as well as the result store): one conversation, either way."""
+    run_machine(WORKERS, backend, request, gaps=())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
