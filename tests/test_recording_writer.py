@@ -449,3 +449,25 @@ async def test_replay_with_hooks_runs_them_for_every_call(tmp_path: Path) -> Non
     report = await replay(path, Dispatcher(fake_registry(Counter(), {}), hooks=[Hook()]))
     assert report.ok and report.calls == 5
     assert sorted(seen) == sorted([f"{w} {n}" for n in range(5) for w in ("before", "after")])
+
+
+async def test_record_wait_false_hands_lines_over_and_a_session_store_waits_anyway(tmp_path: Path) -> None:
+    """`Dispatcher.session(record_wait=False)` makes a recording that does not wait, whose
+    lines are all in the file once the session closes; with a session store the recording
+    waits whatever is asked (the saved chain position must be the file's)."""
+    from cache import MemorySessionStore
+
+    handed = Dispatcher(fake_registry(Counter(), {})).session(
+        "handed", record=tmp_path / "h.jsonl", record_wait=False
+    )
+    assert handed.recorder is not None and handed.recorder.wait is False
+    for n in range(5):
+        await handed.dispatch([openai_call(f"c{n}", "echo", {"text": f"t{n}"})])
+    handed.close()
+    assert [r["seq"] for r in _lines(tmp_path / "h.jsonl")] == [0, 1, 2, 3, 4, 5]
+    assert (await replay(tmp_path / "h.jsonl", Dispatcher(fake_registry(Counter(), {})))).ok
+    kept = Dispatcher(fake_registry(Counter(), {}), session_store=MemorySessionStore()).session(
+        "kept", record=tmp_path / "k.jsonl", record_wait=False
+    )
+    assert kept.recorder is not None and kept.recorder.wait is True
+    kept.close()
