@@ -1,7 +1,8 @@
 """The Redis stores on a loopback redis-server this benchmark starts: the client round trip
 per event loop (the choice `RedisResultCache` makes), a cache hit through the dispatcher
-with Redis beside the disk store and a dedupe hit, and batch throughput with 1, 2 and 4
-worker processes sharing one Redis. Medians, in one run.
+with Redis beside the disk store and a dedupe hit, what a session store adds to a batch
+(memory, SQLite, Redis), and batch throughput with 1, 2 and 4 worker processes sharing one
+Redis. Medians, in one run.
 
     python -m bench.redis_store [--quick] [--write]
 """
@@ -163,6 +164,32 @@ async def _hits(url: str, folder: Path, batch: int, rounds: int) -> dict[str, fl
 # --- several worker processes ---------------------------------------------------------------
 
 
+async def _kept(url: str, folder: Path, rounds: int) -> dict[str, float]:
+    """Median µs of a batch of one read in a session with no store and with each session
+    store (a lease, a load and a save per batch), the stores' rounds interleaved."""
+    from cache import MemorySessionStore, RedisSessionStore, SqliteSessionStore
+
+    redis = RedisSessionStore(url, namespace=f"bench-kept-{os.getpid()}-{time.monotonic_ns()}")
+    stores: dict[str, Any] = {
+        "no session store": None,
+        "MemorySessionStore": MemorySessionStore(),
+        "SqliteSessionStore": SqliteSessionStore(folder / "sessions.sqlite"),
+        "RedisSessionStore": redis,
+    }
+    sessions = {
+        name: Dispatcher(_registry(), session_store=store).session("s") for name, store in stores.items()
+    }
+    times: dict[str, list[float]] = {name: [] for name in stores}
+    for r in range(rounds + 20):
+        for name, session in sessions.items():
+            start = time.perf_counter()
+            await session.dispatch(_batch(1, r))
+            if r >= 20:
+                times[name].append(time.perf_counter() - start)
+    await redis.aclose()
+    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
+
+
 def worker(url: str, go: str, seconds: float, backend: str) -> None:
     """One worker process: warm the cache, say "ready", wait for `go`, then dispatch batches
     of 100 hits for `seconds`; print how many calls were served."""
@@ -246,6 +273,15 @@ def measure(quick: bool) -> list[str]:
                 hundred = anyio.run(_hits, server.url, folder / backend, 100, rounds_100, backend=backend)
                 for name in one:
                     lines.append(f"  {backend:8} {name:30} {one[name]:9.1f} {hundred[name]:10.1f}")
+            lines.append("")
+            lines.append(
+                "a batch of one read with a session store (a lease, a load and a save a batch), median µs:"
+            )
+            kept_rounds = 100 if quick else 600
+            for backend in ("trio", "asyncio"):
+                kept = anyio.run(_kept, server.url, folder / f"kept-{backend}", kept_rounds, backend=backend)
+                for name, us in kept.items():
+                    lines.append(f"  {backend:8} {name:30} {us:9.1f}")
             lines.append("")
             repeats = 1 if quick else 3
             lines.append(
