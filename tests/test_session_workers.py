@@ -619,3 +619,44 @@ def test_a_worker_killed_mid_writer_leaves_it_uncertain_and_never_rerun(
     assert _statuses(resumed)[1] == ("r1", "ok")
     assert _lines(ws / "out.txt") == ["x by w1"] and _lines(ws / "reads.log") == [*reads_before, "r1"]
     assert shared.marks() == frozenset()
+
+
+def test_a_redis_outage_fails_the_next_dispatch_clearly_until_redis_is_back(tmp_path: Path) -> None:
+    """Redis stopped while no worker holds the lease: the next dispatch, on another worker
+    process that was connected before, raises RedisStoreError naming Redis at once and runs
+    nothing; once Redis is started again on the same port, that worker's next dispatch works,
+    and so does the first worker's, whose connection the outage broke."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    down, up, again = tmp_path / "down", tmp_path / "up", tmp_path / "again"
+    server = _redis_server(tmp_path)
+    a = _worker(server.url, ws, 30, [
+        {"calls": [_call("w1", "write", path="out.txt", text="x")]},
+        {"calls": [_call("w4", "write", path="out.txt", text="x")], "wait_for": str(again)},
+    ])  # fmt: skip
+    b = _worker(server.url, ws, 30, [
+        {"calls": [_call("r1", "read", path="out.txt")], "wait_for": str(tmp_path / "a-done")},
+        {"calls": [_call("w2", "write", path="out.txt", text="x")], "wait_for": str(down)},
+        {"calls": [_call("w3", "write", path="out.txt", text="x")], "wait_for": str(up)},
+    ])  # fmt: skip
+    try:
+        assert _statuses(_next_line(a)) == [("w1", "ok")]
+        (tmp_path / "a-done").touch()
+        assert _statuses(_next_line(b)) == [("r1", "ok")]
+        server.stop()
+        down.touch()
+        failed = _next_line(b)
+        assert failed["raised"] == "RedisStoreError" and failed["seconds"] < 3
+        assert failed["message"].startswith(
+            f"session store Redis redis://127.0.0.1:{server.port}/0: could not"
+        )
+        server.start()
+        up.touch()
+        assert _statuses(_next_line(b)) == [("w3", "ok")]
+        again.touch()
+        assert _statuses(_next_line(a)) == [("w4", "ok")]
+        assert a.wait(timeout=10) == 0 and b.wait(timeout=10) == 0
+    finally:
+        _stop(a, b)
+        server.kill()
+    assert _lines(ws / "out.txt") == ["x by w1", "x by w3", "x by w4"]
