@@ -220,6 +220,32 @@ async def test_delete_forgets_snapshot_marks_and_lease(open_store: OpenStore) ->
     await b.acquire("s1")
 
 
+async def test_marking_no_calls_still_needs_the_lease(short_store: OpenStore) -> None:
+    """mark_started with no call ids passes under a held lease and raises SessionBusy under
+    an expired or forged one: the promise is the holder's, whatever it marks."""
+    store = short_store()
+    lease = await store.acquire("s1")
+    await store.mark_started(lease, [])
+    with pytest.raises(SessionBusy):
+        await store.mark_started(Lease("s1", "not-the-token", lease.seconds), [])
+    await anyio.sleep(0.3)
+    with pytest.raises(SessionBusy):
+        await store.mark_started(lease, [])
+    assert await store.load("s1") == StoredSession()
+
+
+async def test_delete_ends_a_hold(open_store: OpenStore) -> None:
+    """A session deleted while a worker holds its lease: that worker's renew says False and
+    its save raises SessionBusy, so nothing of the session comes back."""
+    a, b = open_store(), open_store()
+    lease = await a.acquire("s1")
+    await b.delete("s1")
+    assert await a.renew(lease) is False
+    with pytest.raises(SessionBusy):
+        await a.save(lease, b"after delete")
+    assert await b.load("s1") == StoredSession()
+
+
 async def test_one_acquire_wins_when_many_race(open_store: OpenStore) -> None:
     """Ten handles acquiring one session at once: exactly one gets the lease."""
     won: list[Lease] = []
