@@ -3,11 +3,14 @@
     python -m tests._session_worker STORE WORKSPACE LEASE_SECONDS STEPS_JSON
 
 runs each step (`{"calls": [...], "decisions": {id: "allow" | "deny" | {"answer": text}},
-"record": path}`) as one dispatch of session "s1" through a Dispatcher whose session store
-is the SQLite file STORE, and prints one JSON line per step: `{"results": [...]}` or
-`{"raised": name, "seconds": s}`. Tools act on files in WORKSPACE, so the test counts what
-ran in every process: `write` appends a line to its file (and with `block` waits for ever
-after), `read` logs each run to `reads.log`, `ask` interrupts the batch from inside."""
+"record": path, "wait_for": path}`) as one dispatch of session "s1" through a Dispatcher
+whose session store is STORE: a `redis://` URL (a `RedisSessionStore` under NAMESPACE) or
+the path of a SQLite file. A step with `wait_for` first waits (up to 30 s) for that file to
+exist, so a test can act between steps. It prints one JSON line per step: `{"results":
+[...]}` or `{"raised": name, "message": text, "seconds": s}`. Tools act on files in
+WORKSPACE, so the test counts what ran in every process: `write` appends a line to its file
+(and with `block` waits for ever after), `read` logs each run to `reads.log`, `ask`
+interrupts the batch from inside."""
 
 from __future__ import annotations
 
@@ -19,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import trio
 
-from cache import SqliteSessionStore
+from cache import RedisSessionStore, SqliteSessionStore
 from dispatcher import (
     Allow,
     Answer,
@@ -30,12 +34,14 @@ from dispatcher import (
     DispatchInterrupted,
     Interrupt,
     Registry,
+    SessionStore,
     Tool,
     ToolCall,
     ToolContext,
 )
 
 SESSION = "s1"
+NAMESPACE = "workers"
 WRITE_SCHEMA = {
     "type": "object",
     "properties": {"path": {"type": "string"}, "text": {"type": "string"}, "block": {"type": "boolean"}},
@@ -95,11 +101,26 @@ def decisions_of(raw: Mapping[str, Any] | None) -> dict[str, Allow | Deny | Answ
     return out
 
 
-async def main(store_path: str, workspace: str, lease: float, steps: list[dict[str, Any]]) -> None:
+def wait_for(path: Path, timeout: float = 30) -> None:
+    """Until `path` exists (or `timeout` seconds passed: the test's own asserts then fail)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def open_store(where: str, lease: float) -> SessionStore:
+    """The session store at `where`: a Redis URL or a SQLite file's path."""
+    if where.startswith("redis://"):
+        return RedisSessionStore(where, namespace=NAMESPACE, lease_seconds=lease)
+    return SqliteSessionStore(where, lease_seconds=lease)
+
+
+async def main(store_at: str, workspace: str, lease: float, steps: list[dict[str, Any]]) -> None:
     ws = Path(workspace)
-    store = SqliteSessionStore(store_path, lease_seconds=lease)
-    d = Dispatcher(registry(ws), session_store=store, gate=gate)
+    d = Dispatcher(registry(ws), session_store=open_store(store_at, lease), gate=gate)
     for step in steps:
+        if step.get("wait_for"):
+            await anyio.to_thread.run_sync(wait_for, Path(step["wait_for"]))
         s = d.session(SESSION, record=step.get("record"))
         if step.get("new_run"):
             s.new_run()
@@ -107,7 +128,11 @@ async def main(store_path: str, workspace: str, lease: float, steps: list[dict[s
         try:
             results = await s.dispatch(step["calls"], decisions=decisions_of(step.get("decisions")))
         except Exception as exc:
-            line: dict[str, Any] = {"raised": type(exc).__name__, "seconds": time.monotonic() - began}
+            line: dict[str, Any] = {
+                "raised": type(exc).__name__,
+                "message": str(exc),
+                "seconds": time.monotonic() - began,
+            }
         else:
             line = {"results": [r.to_json() for r in results]}
         print(json.dumps(line), flush=True)

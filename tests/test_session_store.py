@@ -1,14 +1,18 @@
 """The `SessionStore` contract, checked on every store the project ships (`STORES`: add a
 factory to run it on another), and the snapshot that the kernel keeps in them.
 
-A factory takes a temporary folder and a lease time and returns `open_store`: each call
-opens another handle onto the same store, as a second worker would."""
+A factory takes a temporary folder, a lease time and the test's `AsyncExitStack` (closed
+after the test, in its event loop: what the store needs undone goes there) and returns
+`open_store`: each call opens another handle onto the same store, as a second worker would.
+The Redis factory starts a redis-server of its own for each test (about 20 ms; killing it
+takes 1 ms), so no test sees another's keys."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +20,7 @@ import anyio
 import attrs
 import pytest
 
-from cache import MemorySessionStore, SqliteSessionStore
+from cache import MemorySessionStore, RedisSessionStore, SqliteSessionStore
 from dispatcher import Lease, SessionBusy, SessionStore, Status, StoredSession, ToolResult
 from dispatcher._history import History
 from dispatcher._plan import DedupeEntry, FinishedCall
@@ -32,34 +36,66 @@ from dispatcher._snapshot import (
     json_values,
 )
 
+from ._redis import RedisServer
+from ._system import require_program
+
 OpenStore = Callable[[], SessionStore]
+Factory = Callable[[Path, float, contextlib.AsyncExitStack], OpenStore]
 
 
-def memory(tmp_path: Path, lease_seconds: float) -> OpenStore:
+def memory(tmp_path: Path, lease_seconds: float, cleanup: contextlib.AsyncExitStack) -> OpenStore:
     store = MemorySessionStore(lease_seconds)
     return lambda: store
 
 
-def sqlite(tmp_path: Path, lease_seconds: float) -> OpenStore:
+def sqlite(tmp_path: Path, lease_seconds: float, cleanup: contextlib.AsyncExitStack) -> OpenStore:
     path = tmp_path / "sessions.sqlite"
-    return lambda: SqliteSessionStore(path, lease_seconds=lease_seconds)
+
+    def open_store() -> SessionStore:
+        store = SqliteSessionStore(path, lease_seconds=lease_seconds)
+        cleanup.callback(store.close)
+        return store
+
+    return open_store
 
 
-STORES = [memory, sqlite]
+def redis(tmp_path: Path, lease_seconds: float, cleanup: contextlib.AsyncExitStack) -> OpenStore:
+    server = RedisServer(require_program("redis-server", package="redis-server"), tmp_path / "redis")
+    server.start()
+    cleanup.callback(server.kill)  # nothing to keep; a graceful stop waits ~100 ms
+
+    def open_store() -> SessionStore:  # each handle its own client, as on another machine
+        store = RedisSessionStore(server.url, namespace="contract", lease_seconds=lease_seconds)
+        cleanup.push_async_callback(store.aclose)
+        return store
+
+    return open_store
+
+
+STORES: list[Factory] = [memory, sqlite, redis]
+
+
+@contextlib.asynccontextmanager
+async def _handles(
+    request: pytest.FixtureRequest, tmp_path: Path, lease_seconds: float
+) -> AsyncIterator[OpenStore]:
+    factory: Factory = request.param
+    async with contextlib.AsyncExitStack() as cleanup:
+        yield factory(tmp_path, lease_seconds, cleanup)
 
 
 @pytest.fixture(params=STORES, ids=lambda f: f.__name__)
-def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> OpenStore:
+async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[OpenStore]:
     """Handles onto one store with a 30-second lease."""
-    factory: Callable[[Path, float], OpenStore] = request.param
-    return factory(tmp_path, 30.0)
+    async with _handles(request, tmp_path, 30.0) as handles:
+        yield handles
 
 
 @pytest.fixture(params=STORES, ids=lambda f: f.__name__)
-def short_store(request: pytest.FixtureRequest, tmp_path: Path) -> OpenStore:
+async def short_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[OpenStore]:
     """Handles onto one store whose leases live 0.2 seconds."""
-    factory: Callable[[Path, float], OpenStore] = request.param
-    return factory(tmp_path, 0.2)
+    async with _handles(request, tmp_path, 0.2) as handles:
+        yield handles
 
 
 async def test_a_store_is_a_session_store(open_store: OpenStore) -> None:
@@ -184,6 +220,32 @@ async def test_delete_forgets_snapshot_marks_and_lease(open_store: OpenStore) ->
     await b.acquire("s1")
 
 
+async def test_marking_no_calls_still_needs_the_lease(short_store: OpenStore) -> None:
+    """mark_started with no call ids passes under a held lease and raises SessionBusy under
+    an expired or forged one: the promise is the holder's, whatever it marks."""
+    store = short_store()
+    lease = await store.acquire("s1")
+    await store.mark_started(lease, [])
+    with pytest.raises(SessionBusy):
+        await store.mark_started(Lease("s1", "not-the-token", lease.seconds), [])
+    await anyio.sleep(0.3)
+    with pytest.raises(SessionBusy):
+        await store.mark_started(lease, [])
+    assert await store.load("s1") == StoredSession()
+
+
+async def test_delete_ends_a_hold(open_store: OpenStore) -> None:
+    """A session deleted while a worker holds its lease: that worker's renew says False and
+    its save raises SessionBusy, so nothing of the session comes back."""
+    a, b = open_store(), open_store()
+    lease = await a.acquire("s1")
+    await b.delete("s1")
+    assert await a.renew(lease) is False
+    with pytest.raises(SessionBusy):
+        await a.save(lease, b"after delete")
+    assert await b.load("s1") == StoredSession()
+
+
 async def test_one_acquire_wins_when_many_race(open_store: OpenStore) -> None:
     """Ten handles acquiring one session at once: exactly one gets the lease."""
     won: list[Lease] = []
@@ -208,6 +270,8 @@ async def test_a_lease_time_that_is_not_positive_is_refused(tmp_path: Path) -> N
         MemorySessionStore(0)
     with pytest.raises(ValueError, match="lease_seconds"):
         SqliteSessionStore(tmp_path / "s.sqlite", lease_seconds=-1)
+    with pytest.raises(ValueError, match="lease_seconds"):
+        RedisSessionStore(lease_seconds=0)
 
 
 async def test_the_sqlite_store_raises_its_faults(tmp_path: Path) -> None:

@@ -1,23 +1,25 @@
 """Sessions that outlive their worker: several Dispatchers sharing one session store stand
 for the workers of a deployment (in one process over the memory store, and as real
-processes over one SQLite file), and a conversation moves between them mid-batch."""
+processes over one SQLite file or one Redis), and a conversation moves between them
+mid-batch."""
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from cache import MemorySessionStore, SqliteSessionStore
+from cache import MemorySessionStore, RedisSessionStore, SqliteSessionStore
 from dispatcher import (
     Allow,
     Answer,
@@ -33,7 +35,9 @@ from dispatcher import (
 )
 from dispatcher._recording import line_hash, read_recording
 
-from ._session_worker import SESSION, gate, registry
+from ._redis import RedisServer
+from ._session_worker import NAMESPACE, SESSION, gate, registry
+from ._system import require_program
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -445,12 +449,60 @@ async def test_a_file_behind_the_stored_chain_is_continued_from_its_last_line(
     assert problem is None and [r["seq"] for r in batches] == [1, 2]
 
 
-# -- real worker processes over one SQLite file ---------------------------------------------
+# -- real worker processes over one SQLite file, or one Redis -----------------------------
 
 
-def _worker(store: Path, ws: Path, lease: float, steps: list[dict[str, Any]]) -> subprocess.Popen[str]:
+class _Shared:
+    """The store the worker processes of a test share: `where` is what each is given (a
+    SQLite file's path, or the URL of the test's redis-server `server`)."""
+
+    def __init__(self, where: str, server: RedisServer | None = None) -> None:
+        self.where = where
+        self.server = server
+
+    def marks(self) -> frozenset[str]:
+        """The session's started marks, read through a store of this test's own."""
+        if self.server is None:
+            if not Path(self.where).exists():
+                return frozenset()
+            reader = SqliteSessionStore(self.where)
+            try:
+                return anyio.run(reader.load, SESSION).started
+            finally:
+                reader.close()
+
+        async def load() -> StoredSession:
+            store = RedisSessionStore(self.where, namespace=NAMESPACE)
+            try:
+                return await store.load(SESSION)
+            finally:
+                await store.aclose()
+
+        return anyio.run(load).started
+
+
+def _redis_server(tmp_path: Path) -> RedisServer:
+    server = RedisServer(require_program("redis-server", package="redis-server"), tmp_path / "redis")
+    server.start()
+    return server
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[_Shared]:
+    """One SQLite file, or one redis-server of the test's own, for its worker processes."""
+    if request.param == "sqlite":
+        yield _Shared(str(tmp_path / "sessions.sqlite"))
+        return
+    server = _redis_server(tmp_path)
+    try:
+        yield _Shared(server.url, server)
+    finally:
+        server.kill()  # nothing to keep; a graceful stop waits ~100 ms
+
+
+def _worker(store: str, ws: Path, lease: float, steps: list[dict[str, Any]]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests._session_worker", str(store), str(ws), str(lease), json.dumps(steps)],
+        [sys.executable, "-m", "tests._session_worker", store, str(ws), str(lease), json.dumps(steps)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -458,11 +510,29 @@ def _worker(store: Path, ws: Path, lease: float, steps: list[dict[str, Any]]) ->
     )
 
 
-def _run_worker(store: Path, ws: Path, lease: float, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _run_worker(store: str, ws: Path, lease: float, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     proc = _worker(store, ws, lease, steps)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     return [json.loads(line) for line in out.splitlines()]
+
+
+def _next_line(proc: subprocess.Popen[str], timeout: float = 30) -> dict[str, Any]:
+    """The next step's line from a worker that is still running (it prints one, then waits)."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"worker {proc.pid} said nothing within {timeout} s"
+    line = proc.stdout.readline()
+    assert line, f"worker {proc.pid} exited: {proc.communicate(timeout=10)[1]}"
+    answer: dict[str, Any] = json.loads(line)
+    return answer
+
+
+def _stop(*procs: subprocess.Popen[str]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
 
 
 def _call(call_id: str, tool: str, **args: Any) -> dict[str, Any]:
@@ -473,80 +543,120 @@ def _statuses(line: Mapping[str, Any]) -> list[tuple[str, str]]:
     return [(r["call_id"], r["status"]) for r in line["results"]]
 
 
-def test_interrupt_in_one_process_approve_in_another_runs_once(tmp_path: Path) -> None:
+def test_interrupt_in_one_process_approve_in_another_runs_once(shared: _Shared, tmp_path: Path) -> None:
     """Process A's gate interrupts; process B approves and the writer runs once; process C,
     given the same approval, is interrupted again (the approval was spent): one line written."""
-    store, ws = tmp_path / "sessions.sqlite", tmp_path / "ws"
+    ws = tmp_path / "ws"
     ws.mkdir()
     batch = [_call("w1", "gated_write", path="out.txt", text="x")]
-    assert _run_worker(store, ws, 30, [{"calls": batch}]) == [
-        {"raised": "DispatchInterrupted", "seconds": pytest.approx(0, abs=30)}
-    ]
-    (approved,) = _run_worker(store, ws, 30, [{"calls": batch, "decisions": {"w1": "allow"}}])
+    (interrupted,) = _run_worker(shared.where, ws, 30, [{"calls": batch}])
+    assert interrupted["raised"] == "DispatchInterrupted" and _lines(ws / "out.txt") == []
+    (approved,) = _run_worker(shared.where, ws, 30, [{"calls": batch, "decisions": {"w1": "allow"}}])
     assert _statuses(approved) == [("w1", "ok")]
-    (again,) = _run_worker(store, ws, 30, [{"calls": batch, "decisions": {"w1": "allow"}}])
+    (again,) = _run_worker(shared.where, ws, 30, [{"calls": batch, "decisions": {"w1": "allow"}}])
     assert again["raised"] == "DispatchInterrupted"
     assert _lines(ws / "out.txt") == ["x by w1"]
 
 
-def _marks(store: Path) -> frozenset[str]:
-    reader = SqliteSessionStore(store)
-    try:
-        return anyio.run(reader.load, SESSION).started
-    finally:
-        reader.close()
-
-
-def _wait_for_mark(store: Path, call_id: str, proc: subprocess.Popen[str], timeout: float = 30) -> None:
+def _wait_for_mark(shared: _Shared, call_id: str, proc: subprocess.Popen[str], timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[1]
-        if store.exists() and call_id in _marks(store):
+        if call_id in shared.marks():
             return
         time.sleep(0.05)
     raise AssertionError(f"{call_id} was never marked started")
 
 
-def test_a_second_process_is_busy_at_once_while_the_first_holds_the_lease(tmp_path: Path) -> None:
+def test_a_second_process_is_busy_at_once_while_the_first_holds_the_lease(
+    shared: _Shared, tmp_path: Path
+) -> None:
     """While process A's writer runs, process B's dispatch raises SessionBusy at once and
     runs nothing; A's writer ran once."""
-    store, ws = tmp_path / "sessions.sqlite", tmp_path / "ws"
+    ws = tmp_path / "ws"
     ws.mkdir()
-    holder = _worker(store, ws, 30, [{"calls": [_call("w1", "write", path="out.txt", text="x", block=True)]}])
+    holder = _worker(
+        shared.where, ws, 30, [{"calls": [_call("w1", "write", path="out.txt", text="x", block=True)]}]
+    )
     try:
-        _wait_for_mark(store, "w1", holder)
-        (busy,) = _run_worker(store, ws, 30, [{"calls": [_call("w2", "write", path="out.txt", text="y")]}])
+        _wait_for_mark(shared, "w1", holder)
+        (busy,) = _run_worker(
+            shared.where, ws, 30, [{"calls": [_call("w2", "write", path="out.txt", text="y")]}]
+        )
     finally:
-        holder.kill()
-        holder.communicate(timeout=30)
+        _stop(holder)
     assert busy["raised"] == "SessionBusy" and busy["seconds"] < 0.5
     assert _lines(ws / "out.txt") == ["x by w1"]
 
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_writer_leaves_it_uncertain_and_never_rerun(tmp_path: Path) -> None:
+def test_a_worker_killed_mid_writer_leaves_it_uncertain_and_never_rerun(
+    shared: _Shared, tmp_path: Path
+) -> None:
     """kill -9 of a worker while its writer runs (after the writer's first effect): another
     process is refused at once while the dead worker's lease lives; once it expires, the
     writer comes back failed and effect-uncertain without running again, and the reader
     the dead worker never finished runs."""
-    store, ws = tmp_path / "sessions.sqlite", tmp_path / "ws"
+    ws = tmp_path / "ws"
     ws.mkdir()
     lease = 1.5
     batch = [_call("w1", "write", path="out.txt", text="x", block=True), _call("r1", "read", path="in.txt")]
-    doomed = _worker(store, ws, lease, [{"calls": batch}])
+    doomed = _worker(shared.where, ws, lease, [{"calls": batch}])
     try:
-        _wait_for_mark(store, "w1", doomed)
+        _wait_for_mark(shared, "w1", doomed)
     finally:
         os.kill(doomed.pid, signal.SIGKILL)
         doomed.communicate(timeout=30)
     assert _lines(ws / "out.txt") == ["x by w1"]
-    (busy,) = _run_worker(store, ws, lease, [{"calls": batch}])
+    (busy,) = _run_worker(shared.where, ws, lease, [{"calls": batch}])
     assert busy["raised"] == "SessionBusy" and busy["seconds"] < 0.5
     time.sleep(lease)
-    (resumed,) = _run_worker(store, ws, lease, [{"calls": batch}])
+    reads_before = _lines(ws / "reads.log")  # the dead worker's reader may have run too
+    (resumed,) = _run_worker(shared.where, ws, lease, [{"calls": batch}])
     w1 = ToolResult.from_json(resumed["results"][0])
     assert w1.status is Status.failed and w1.effect_uncertain and not w1.retryable
     assert "the worker running this call stopped; its effect is unknown" in w1.content
     assert _statuses(resumed)[1] == ("r1", "ok")
-    assert _lines(ws / "out.txt") == ["x by w1"]
-    assert _marks(store) == frozenset()
+    assert _lines(ws / "out.txt") == ["x by w1"] and _lines(ws / "reads.log") == [*reads_before, "r1"]
+    assert shared.marks() == frozenset()
+
+
+def test_a_redis_outage_fails_the_next_dispatch_clearly_until_redis_is_back(tmp_path: Path) -> None:
+    """Redis stopped while no worker holds the lease: the next dispatch, on another worker
+    process that was connected before, raises RedisStoreError naming Redis at once and runs
+    nothing; once Redis is started again on the same port, that worker's next dispatch works,
+    and so does the first worker's, whose connection the outage broke."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    down, up, again = tmp_path / "down", tmp_path / "up", tmp_path / "again"
+    server = _redis_server(tmp_path)
+    a = _worker(server.url, ws, 30, [
+        {"calls": [_call("w1", "write", path="out.txt", text="x")]},
+        {"calls": [_call("w4", "write", path="out.txt", text="x")], "wait_for": str(again)},
+    ])  # fmt: skip
+    b = _worker(server.url, ws, 30, [
+        {"calls": [_call("r1", "read", path="out.txt")], "wait_for": str(tmp_path / "a-done")},
+        {"calls": [_call("w2", "write", path="out.txt", text="x")], "wait_for": str(down)},
+        {"calls": [_call("w3", "write", path="out.txt", text="x")], "wait_for": str(up)},
+    ])  # fmt: skip
+    try:
+        assert _statuses(_next_line(a)) == [("w1", "ok")]
+        (tmp_path / "a-done").touch()
+        assert _statuses(_next_line(b)) == [("r1", "ok")]
+        server.stop()
+        down.touch()
+        failed = _next_line(b)
+        assert failed["raised"] == "RedisStoreError" and failed["seconds"] < 3
+        assert failed["message"].startswith(
+            f"session store Redis redis://127.0.0.1:{server.port}/0: could not"
+        )
+        server.start()
+        up.touch()
+        assert _statuses(_next_line(b)) == [("w3", "ok")]
+        again.touch()
+        assert _statuses(_next_line(a)) == [("w4", "ok")]
+        assert a.wait(timeout=10) == 0 and b.wait(timeout=10) == 0
+    finally:
+        _stop(a, b)
+        server.kill()
+    assert _lines(ws / "out.txt") == ["x by w1", "x by w3", "x by w4"]
