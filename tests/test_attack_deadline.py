@@ -6,6 +6,7 @@ leaves open: nurseries, scopes closed in a later step, shields, tasks still runn
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -399,3 +400,56 @@ async def test_calls_in_program_order_each_get_their_own_deadline(autojump_clock
         [result] = await d.session(f"s{n}").dispatch([_call("reader", n)])
         assert result.status is Status.ok
     assert seen == [1.5, 1.5, 1.5]
+
+
+async def test_a_runner_whose_first_step_opens_a_nursery_is_cut_at_the_timeout(autojump_clock: Any) -> None:
+    """A runner standing in for the handler, whose first step opens a nursery and waits, is
+    timed_out at the tool's timeout; one that answers at once gives its answer."""
+    stopped: list[float] = []
+    began = 0.0
+
+    async def never(args: Mapping[str, Any], ctx: Any) -> str:
+        raise AssertionError("the runner answers instead")
+
+    async def child() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            stopped.append(trio.current_time() - began)
+
+    async def runner(call: Any, ctx: Any) -> str:
+        if call.id.endswith("_1"):
+            return "answered at once"
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(child)
+            await trio.sleep(100)
+        return "never"
+
+    registry = Registry([Tool("never", "The never tool.", never, SCHEMA, deferred=False, timeout=2.0)])
+    d = Dispatcher(registry, runner=runner)
+    began = trio.current_time()
+    [result] = await d.session("s").dispatch([_call("never", 0)])
+    assert result.status is Status.timed_out and stopped == [2.0]
+    [quick] = await d.session("t").dispatch([_call("never", 1)])
+    assert quick.status is Status.ok and quick.content == "answered at once"
+
+
+async def test_a_later_step_that_holds_the_loop_is_reported_and_late() -> None:
+    """A lone call whose second step (run through the hand-driven resume) holds the loop
+    past its timeout is timed_out and counted as holding the loop."""
+
+    async def hog(args: Mapping[str, Any], ctx: Any) -> str:
+        with trio.move_on_after(50):
+            await trio.sleep(0.01)
+            time.sleep(0.3)  # noqa: ASYNC251 - holds the loop, the point of this tool
+        return "too late"
+
+    d = Dispatcher(
+        Registry([Tool("hog", "The hog tool.", hog, SCHEMA, deferred=False, timeout=0.1)]),
+        block_threshold=0.05,
+    )
+    with trio.fail_after(5):
+        [result] = await d.session("s").dispatch([_call("hog")])
+        await trio.sleep(0.05)  # the probe's answer lands just after the step that held the loop
+    assert result.status is Status.timed_out
+    assert d.statistics().loop_blocks == 1

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from dispatcher import Dispatcher, HookBlocked, Registry, Status, Tool, ToolCall
+from dispatcher import Dispatcher, DispatchInterrupted, HookBlocked, Registry, Status, Tool, ToolCall
 
 SCHEMA: dict[str, Any] = {"type": "object", "properties": {"n": {"type": "number"}, "k": {"type": "string"}}}
 
@@ -180,9 +180,9 @@ async def test_slots_come_back_after_a_stuck_thread_returns() -> None:
     assert d.statistics().stuck == ()
 
 
-async def test_slots_come_back_after_hook_blocks_and_a_keyboard_interrupt() -> None:
-    """A group whose before hook blocks some calls, and whose tool raises KeyboardInterrupt,
-    leaves no slot in use; the interrupt propagates."""
+async def test_slots_come_back_after_hook_blocks_and_interrupts() -> None:
+    """A group whose before hook blocks some calls, or whose tool raises KeyboardInterrupt
+    or DispatchInterrupted, leaves no slot in use; each propagates."""
     flight = InFlight()
 
     class Refuse:
@@ -194,7 +194,11 @@ async def test_slots_come_back_after_hook_blocks_and_a_keyboard_interrupt() -> N
         await anyio.sleep(args["n"])
         raise KeyboardInterrupt
 
-    tools = [*_tools(flight), _tool("interrupt", interrupt)]
+    async def ask(args: Mapping[str, Any], ctx: Any) -> str:
+        await anyio.sleep(args["n"])
+        raise DispatchInterrupted([(ToolCall(ctx.call_id, ctx.tool_name, {}), "ask first", None)])
+
+    tools = [*_tools(flight), _tool("interrupt", interrupt), _tool("ask", ask)]
     d = Dispatcher(Registry(tools), max_concurrent=2, hooks=[Refuse()])
     with anyio.fail_after(5):
         with pytest.raises(HookBlocked):
@@ -203,6 +207,11 @@ async def test_slots_come_back_after_hook_blocks_and_a_keyboard_interrupt() -> N
         with pytest.raises(KeyboardInterrupt):
             await d.session("t").dispatch(
                 [_call("nap", 0.01, "k1"), _call("interrupt", 0.02), _call("nap", 0.01, "k2")]
+            )
+        await _all_slots_back(d)
+        with pytest.raises(DispatchInterrupted):
+            await d.session("u").dispatch(
+                [_call("nap", 0.01, "i1"), _call("ask", 0.02), _call("quick", 0, "i2")]
             )
         await _all_slots_back(d)
     assert flight.most <= 2
