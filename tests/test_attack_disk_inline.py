@@ -334,3 +334,22 @@ async def test_a_lone_surrogate_read_on_the_loop_is_what_was_written(folder: Pat
     for _ in range(2):
         assert (await disk.get_many(["k"]))["k"].content == text
         assert (await disk.get_many(["k", "j"]))["k"].content == text
+
+
+async def test_more_keys_than_a_query_or_the_memo_holds_answer_as_the_thread_does(folder: Path) -> None:
+    """A lookup of more keys than one query takes and than the memo keeps, on the loop, is
+    what the thread answers, before and after the memo starts again."""
+    clock = FakeClock(time.time())
+    disk = DiskResultCache(folder, clock=clock)
+    keys = [f"k{i}" for i in range(1300)]
+    writes = [CacheWrite(k, f"value of {k}", 600 if i % 5 else 10) for i, k in enumerate(keys[:1200])]
+    disk.set_many_sync(writes)
+    asked = [*keys, "k3", "k3"]
+    threaded = {k: e.content for k, e in disk.get_many_sync(asked).items()}
+    assert len(threaded) == 1200
+    for _ in range(2):
+        assert {k: e.content for k, e in (await disk.get_many(asked)).items()} == threaded
+    assert len(disk._decoded) <= cache._disk._DECODED_ENTRIES
+    clock.now += 11
+    after = {k: e.content for k, e in (await disk.get_many(asked)).items()}
+    assert after == {k: v for k, v in threaded.items() if int(k[1:]) % 5}
