@@ -488,10 +488,11 @@ class DiskResultCache:
             else:
                 rows = _read_values(store, asked)
         except _STORE_FAILURES:
-            return None  # the thread asks again, and disables the store if it must
+            rows = None  # the thread asks again, and disables the store if it must
         wall_now = time.time()
         took = time.monotonic() - began
-        # slow, and not for being preempted; the first read opens the thread's connection
+        # slow, and not for being preempted; the first read opens the thread's connection.
+        # A read that failed counts too: SQLite may have slept its lock timeout first
         if took > INLINE_STALL and _sleeps() != slept and self._inline_reads:
             self._threads_until = began + INLINE_PAUSE
             _log.info(
@@ -501,6 +502,8 @@ class DiskResultCache:
                 INLINE_PAUSE,
             )
         self._inline_reads += 1
+        if rows is None:
+            return None
         values: dict[str, bytes] = {}
         for key, (_, access_time, mode, filename, value) in rows.items():
             if filename is not None or not isinstance(value, bytes) or mode not in (MODE_RAW, MODE_BINARY):

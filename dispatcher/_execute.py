@@ -227,6 +227,9 @@ class Executor:
         self._serve: Callable[[PlannedCall], ToolResult | None] | None = (
             None if hooks.before or hooks.after else getattr(runner, "serve_now", None)
         )
+        # a worker may keep its slot between calls only when nothing runs between them: a
+        # hook may wait (an approval, an audit), and no slot is held while no call runs
+        self._keep = not (hooks.before or hooks.after)
         self._now = primitives.clock
         self._p = primitives
         self._waiting = primitives.waiting
@@ -594,7 +597,7 @@ class Executor:
             return self._failed(planned, describe(exc), writes, started, t0)
         finally:
             if release:
-                if slot.watched and not self._waiting(limiter):
+                if slot.watched and self._keep and not self._waiting(limiter):
                     # the worker keeps the slot for its next call while nobody waits for one:
                     # taking and giving back a slot per call costs more than the rest of it
                     slot.borrower = borrower
