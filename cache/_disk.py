@@ -58,12 +58,16 @@ Reads on the event loop
     far less than handing it to a worker thread and back. `get_many` therefore reads on
     the loop's own thread when it can do so without waiting or writing: the rows'
     values are in the database (not files), their access times need no refresh, and the
-    store has been quick. Anything else (a value file to read, an access time to write,
-    a fault) goes to a worker thread, which reads again; a lookup on the loop that waited
-    (the thread slept: on Linux, its voluntary context switches say so, as a preempted
+    store has been quick. Those reads have a connection of their own, which waits at most
+    `INLINE_BUSY` for a lock. Anything else (a value file to read, an access time to
+    write, a lock held longer, a fault) goes to a worker thread, which reads again and
+    waits as long as the store's `timeout` says. A lookup on the loop that waited (the
+    thread slept: on Linux, its voluntary context switches say so, as a preempted
     thread's do not) and took over `INLINE_STALL` sends every lookup to a thread for
-    `INLINE_PAUSE`. Writes always go to a thread: they take SQLite's write lock, which
-    another process may hold.
+    `INLINE_PAUSE`. What a lookup on the loop may still wait for, once, before that: the
+    disk itself (pages not in memory) and SQLite's recovery of a crashed writer's log by
+    another process, usually milliseconds. Writes always go to a thread: they take
+    SQLite's write lock, which another process may hold.
 
 Several processes
     SQLite does the work. Every write (a `set`, the deleting part of an `invalidate`) is
@@ -93,6 +97,7 @@ import math
 import os
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -121,6 +126,9 @@ _FORMAT: Final = 1
 _SWEEP_GRACE: Final = 300.0
 # An entry's access time (the LRU order) is refreshed by a hit at most this often.
 _TOUCH_AFTER: Final = 60.0
+INLINE_BUSY: Final = 0.05
+"""How long a lookup on the event loop's thread waits for SQLite's lock (seconds) before
+the lookup goes to a thread, which waits the store's `timeout`."""
 _DECODED_BYTES: Final = 2048  # stored values up to this size are kept decoded ...
 _DECODED_ENTRIES: Final = 1024  # ... this many at most (then the memo starts again)
 INLINE_STALL: Final = 0.1
@@ -128,7 +136,7 @@ INLINE_STALL: Final = 0.1
 (a busy machine's preemption, and the GIL's hand-offs, add milliseconds, not this)"""
 INLINE_PAUSE: Final = 10.0
 """... sends lookups to a worker thread for this long (seconds): a disk that stalls holds
-the loop up at most `INLINE_STALL` in every `INLINE_PAUSE`."""
+the loop up once in every `INLINE_PAUSE`, for as long as that one lookup waits."""
 
 _PRIVATE_DIR: Final = 0o700
 _PRIVATE_FILE: Final = 0o600
@@ -375,9 +383,13 @@ def _read_value(store: Any, key: str) -> bytes | None:
     return _stored_bytes(store, rows[0], wall_now) if rows else None
 
 
-def _read_values(store: Any, keys: Sequence[str]) -> dict[str, tuple[Any, ...]]:
-    """The `_SELECT_VALUE` row of each key present, in one query per `_MANY` keys."""
-    con = _connection(store)
+def _read_values(
+    store: Any, keys: Sequence[str], con: sqlite3.Connection | None = None
+) -> dict[str, tuple[Any, ...]]:
+    """The `_SELECT_VALUE` row of each key present, in one query per `_MANY` keys (on the
+    thread's connection, or on `con`)."""
+    if con is None:
+        con = _connection(store)
     wall_now = time.time()
     rows: dict[str, tuple[Any, ...]] = {}
     for start in range(0, len(keys), _MANY):
@@ -423,7 +435,7 @@ class DiskResultCache:
         # small stored values already decoded, by their bytes: a value is the same document
         # whenever its bytes are, and its entry is frozen, so a hit of it decodes nothing
         self._decoded: dict[bytes, tuple[float, CacheEntry]] = {}
-        self._inline_reads = 0
+        self._loop_local = threading.local()  # the connection lookups on a loop's thread use
         try:
             new_database = _private_folder(self._directory)
             store = diskcache.Cache(
@@ -471,6 +483,23 @@ class DiskResultCache:
                 return found
         return await anyio.to_thread.run_sync(self.get_many_sync, keys)
 
+    def _loop_connection(self) -> sqlite3.Connection:
+        """This thread's connection for lookups made on an event loop: its own (not
+        diskcache's, which this thread's blocking calls share), waiting at most
+        `INLINE_BUSY` for a lock before it gives the lookup to a thread; opened on first
+        use, and again in a forked child."""
+        local = self._loop_local
+        con: sqlite3.Connection | None = getattr(local, "con", None)
+        if con is None or local.pid != os.getpid():
+            con = sqlite3.connect(
+                self._directory / "cache.db",
+                timeout=INLINE_BUSY,
+                isolation_level=None,
+                check_same_thread=True,
+            )
+            local.con, local.pid = con, os.getpid()
+        return con
+
     def _get_many_inline(self, keys: Sequence[str]) -> dict[str, CacheEntry] | None:
         """`get_many_sync` on the caller's thread, or None (nothing counted) when it would
         have to read a file, write an access time, or report a fault: a thread does those."""
@@ -478,22 +507,26 @@ class DiskResultCache:
         if store is None:
             return None
         asked = list(dict.fromkeys(keys))
+        try:
+            con = self._loop_connection()
+        except _STORE_FAILURES:
+            return None
         slept = _sleeps()
         began = time.monotonic()
         try:
             if len(asked) == 1:  # one key, the common batch: the statement SQLite keeps ready
                 key = asked[0]
-                one = _connection(store).execute(_SELECT_VALUE, (key, time.time())).fetchone()
+                one = con.execute(_SELECT_VALUE, (key, time.time())).fetchone()
                 rows = {} if one is None else {key: one}
             else:
-                rows = _read_values(store, asked)
+                rows = _read_values(store, asked, con)
         except _STORE_FAILURES:
-            rows = None  # the thread asks again, and disables the store if it must
+            rows = None  # the thread asks again (waiting as long as it must), or disables the store
         wall_now = time.time()
         took = time.monotonic() - began
-        # slow, and not for being preempted; the first read opens the thread's connection.
-        # A read that failed counts too: SQLite may have slept its lock timeout first
-        if took > INLINE_STALL and _sleeps() != slept and self._inline_reads:
+        # slow, and not for being preempted. A read that failed counts too: SQLite may have
+        # slept its lock timeout (INLINE_BUSY on this connection) first
+        if took > INLINE_STALL and _sleeps() != slept:
             self._threads_until = began + INLINE_PAUSE
             _log.info(
                 "result cache %s took %.1f ms to answer on the event loop: lookups go to a thread for %g s",
@@ -501,7 +534,6 @@ class DiskResultCache:
                 took * 1e3,
                 INLINE_PAUSE,
             )
-        self._inline_reads += 1
         if rows is None:
             return None
         values: dict[str, bytes] = {}
@@ -745,7 +777,11 @@ class DiskResultCache:
         return self._counters.snapshot(entries)
 
     def close(self) -> None:
-        """Close this thread's connection; the next operation opens it again."""
+        """Close this thread's connections; the next operation opens them again."""
+        con = getattr(self._loop_local, "con", None)
+        if con is not None and self._loop_local.pid == os.getpid():
+            con.close()
+        self._loop_local.con = None
         if self._store is not None:
             self._store.close()
 

@@ -997,3 +997,17 @@ def test_a_small_value_read_again_is_not_decoded_again(
     assert disk.get_many_sync(["a", "b"])["a"].content == "second" and len(decoded) == 2
     clock.now += 61
     assert disk.get_many_sync(["a", "b"]) == {}
+
+
+async def test_lookups_on_the_loop_wait_briefly_for_a_lock_and_the_store_as_long_as_it_says(
+    folder: Path,
+) -> None:
+    """Lookups on the loop use a connection of their own that waits at most INLINE_BUSY
+    for a lock (then a thread asks again); the store's own connections keep its timeout."""
+    disk = DiskResultCache(folder, timeout=3.0)
+    disk.set_many_sync([CacheWrite("a", "A", 600)])
+    assert "a" in await disk.get_many(["a"])
+    con = disk._loop_connection()
+    timeout_ms = con.execute("PRAGMA busy_timeout").fetchone()[0]
+    assert timeout_ms == int(cache._disk.INLINE_BUSY * 1000)
+    assert disk._store._con.execute("PRAGMA busy_timeout").fetchone()[0] == 3000
