@@ -149,7 +149,8 @@ async def _trio_under_deadline(coro: Coroutine[Any, Any, Any], deadline: float) 
     call's first step runs before any scope exists, and a call that returns in it (it never
     waited, so no scope could have cut it short) pays for none. One that suspended gets its
     scope then, as if it had been there from the start (beneath the scopes its first step
-    opened, if it opened any)."""
+    opened, if it opened any). The one difference a call can see: before it first waits,
+    `current_effective_deadline()` does not include its timeout."""
     task = trio.lowlevel.current_task()
     base = task._cancel_status
     try:
