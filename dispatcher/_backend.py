@@ -122,6 +122,7 @@ def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any,
                 return done.value
 
 
+@trio.lowlevel.enable_ki_protection  # as trio guards its own scopes: no Ctrl-C halfway through the move
 def _scope_beneath(task: Any, base: Any, deadline: float) -> trio.CancelScope | None:
     """A cancel scope of `deadline`, entered now as if before the call's first step: its
     cancel status goes between `base` (the task's before that step) and the outermost
