@@ -451,8 +451,7 @@ class Executor:
                 limit=self._max_out,
             )
             return
-        run_id, round_, deadline, host = self._context
-        ctx = new_context(planned.call_id, planned.name, run_id, round_, deadline, host)
+        ctx = new_context(planned.call_id, planned.name, *self._context)
         hooks = self._hooks
         call = None  # one ToolCall for both kinds of hook
         if hooks.before or hooks.after:
@@ -503,8 +502,7 @@ class Executor:
         """Run one call under its timeout and a limiter slot; ordinary failures become results."""
         tool = planned.tool
         assert tool is not None
-        timeout = self._timeout_of(planned)
-        writes = bool(planned.writes)
+        timeout = tool.tool.timeout or self._timeout
         args = planned.args
         limiter = self._limiter
         borrower: object | None = None  # nested: the calling handler's slot, nothing to take
@@ -581,10 +579,10 @@ class Executor:
             raise
         except ToolError as exc:
             slot.idle()
-            return self._failed(planned, exc.message, writes, started, t0, retryable=exc.retryable)
+            return self._failed(planned, exc.message, started, t0, retryable=exc.retryable)
         except (Exception, SystemExit) as exc:  # a tool that calls sys.exit (argparse does) fails alone
             slot.idle()
-            return self._failed(planned, describe(exc), writes, started, t0)
+            return self._failed(planned, describe(exc), started, t0)
         except BaseException as exc:
             if _propagates(exc):
                 raise  # the worker reports a timeout from what the slot says is running
@@ -594,7 +592,7 @@ class Executor:
             if isinstance(exc, BaseExceptionGroup) and (keyboard := _keyboard_in(exc)) is not None:
                 raise keyboard from exc
             # GeneratorExit and the like, raised by the tool's own code: its failure alone
-            return self._failed(planned, describe(exc), writes, started, t0)
+            return self._failed(planned, describe(exc), started, t0)
         finally:
             if release:
                 if slot.watched and self._keep and not self._waiting(limiter):
@@ -632,7 +630,6 @@ class Executor:
         self,
         planned: PlannedCall,
         error: str,
-        writes: bool,
         started: float,
         t0: float,
         *,
@@ -645,7 +642,7 @@ class Executor:
             Status.failed,
             error,
             retryable=retryable,
-            effect_uncertain=writes,
+            effect_uncertain=bool(planned.writes),
             started=started,
             duration=time.monotonic() - t0,
             limit=self._max_out,
