@@ -140,4 +140,4 @@ def test_the_floors_section_measures_every_workload_and_says_each_goal() -> None
             assert f"| {workload} | {size} |" in table
     assert figures["replay"]["calls"] > 0 and figures["replay"]["replay_calls_per_s"] > 0
     verdicts = floors.goals(figures)
-    assert len(verdicts) == 7 and all(goal.met in (True, False) for goal in verdicts)
+    assert len(verdicts) == 9 and all(goal.met in (True, False) for goal in verdicts)

@@ -57,7 +57,7 @@ def _alive(pid: int) -> bool:
     try:  # a zombie still answers kill(0); it is dead for our purpose
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
+    except OSError:  # gone while we looked (the read of a dying process says ESRCH)
         return False
 
 
