@@ -17,6 +17,7 @@ from builtin_tools._workspace import Workspace
 from builtin_tools.shell import ShellTools
 from dispatcher import Deny, Dispatcher, Registry, Session, Status, ToolResult
 
+from ._procs import alive, pids_with_argument
 from ._system import require_program
 
 # Unsandboxed: for the behaviour of processes themselves, seen from the host.
@@ -49,43 +50,16 @@ async def _until(s: Session, job: str, text: str) -> str:
     return seen
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie still answers kill(0); it is dead for our purpose
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:  # gone while we looked (the read of a dying process says ESRCH)
-        return False
-
-
-def _pids_with_argument(argument: str) -> list[int]:
-    """The live processes on the host that have `argument` among their arguments."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            words = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argument.encode() in words and _alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
-
-
 async def _pids_appear(argument: str, count: int = 1) -> list[int]:
     with anyio.fail_after(10):
-        while len(pids := _pids_with_argument(argument)) < count:  # noqa: ASYNC110  # the process table
+        while len(pids := pids_with_argument(argument)) < count:  # noqa: ASYNC110  # the process table
             await anyio.sleep(0.05)
     return pids
 
 
 async def _all_gone(pids: list[int]) -> None:
     with anyio.fail_after(5):
-        while any(_alive(pid) for pid in pids):  # noqa: ASYNC110  # the process table
+        while any(alive(pid) for pid in pids):  # noqa: ASYNC110  # the process table
             await anyio.sleep(0.05)
 
 
@@ -255,6 +229,6 @@ async def test_a_sandboxed_command_outlives_the_worker_threads(
         pids = await _pids_appear("47.3")
         reaper.extend(pids)
         await anyio.sleep(1.0)  # twenty idle timeouts
-        assert all(_alive(pid) for pid in pids)
+        assert all(alive(pid) for pid in pids)
         assert (await _bg(s, action="list")).content.startswith("bg1 running")
     await _all_gone(pids)

@@ -25,6 +25,7 @@ from dispatcher import Allow, Deny, Dispatcher, Status, ToolCall
 from dispatcher._exceptions import ToolError
 
 from ._fakes import tool_context
+from ._procs import alive, pids_with_argument
 from ._system import require_program
 
 
@@ -81,7 +82,7 @@ async def test_run_command_timeout_kills_the_whole_group(ws: Path) -> None:
     assert "partial" in info.value.message
     child = int((ws / "child.pid").read_text())
     with anyio.fail_after(5):
-        while _alive(child):  # noqa: ASYNC110  # polling another process, no event to wait on
+        while alive(child):  # noqa: ASYNC110  # polling another process, no event to wait on
             await anyio.sleep(0.05)
 
 
@@ -93,7 +94,7 @@ async def test_a_sandboxed_command_past_its_timeout_leaves_nothing_running(ws: P
         await _run(ws, f"sleep {marker} & echo partial; wait", timeout=0.5)
     assert "partial" in info.value.message
     with anyio.fail_after(5):
-        while _running_with_argument(marker):  # noqa: ASYNC110  # polling the process table
+        while pids_with_argument(marker):  # noqa: ASYNC110  # polling the process table
             await anyio.sleep(0.05)
 
 
@@ -129,7 +130,7 @@ async def test_a_sandboxed_command_takes_its_background_children_with_it(ws: Pat
     assert anyio.current_time() - start < 5
     assert "started" in out
     with anyio.fail_after(5):
-        while _running_with_argument(marker):  # noqa: ASYNC110  # polling the process table
+        while pids_with_argument(marker):  # noqa: ASYNC110  # polling the process table
             await anyio.sleep(0.05)
 
 
@@ -612,33 +613,6 @@ async def test_read_only_git_ignores_a_folder_that_looks_like_a_bare_repository(
     _git(ws, "init", "-q", "--bare", "plain")
     out = await _run(ws, "git log", cwd="plain")
     assert out.startswith("exit code: 128") and "cannot use bare repository" in out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it is dead for our purpose.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:  # gone while we looked (the read of a dying process says ESRCH)
-        return False
-
-
-def _running_with_argument(argument: str) -> bool:
-    """Whether any live process on the host has `argument` among its arguments."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            words = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argument.encode() in words and _alive(int(entry.name)):
-            return True
-    return False
 
 
 def _kill(pid: int) -> None:
