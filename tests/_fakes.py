@@ -10,10 +10,11 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from dispatcher import Registry, Tool, ToolCall, ToolContext
+from dispatcher import Dispatcher, Registry, Tool, ToolCall, ToolContext
 
 TEXT_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 PATH_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
 class FakeSession:
@@ -169,3 +170,18 @@ def fake_registry(counter: Counter, files: dict[str, str] | None = None) -> Regi
             Tool("boom", "Always fails.", boom, {"type": "object"}, concurrent=True, deferred=False),
         ]
     )
+
+
+def handler_dispatcher(*handlers: Any, timeout: float = 5.0) -> Dispatcher:
+    """A Dispatcher of one direct tool per handler, named after it, taking no arguments,
+    each with `timeout`."""
+    tools = [
+        Tool(fn.__name__, f"The {fn.__name__} tool.", fn, NO_ARGUMENTS, deferred=False, timeout=timeout)
+        for fn in handlers
+    ]
+    return Dispatcher(Registry(tools))
+
+
+def bare_call(name: str, n: int = 0) -> dict[str, Any]:
+    """An OpenAI-style call of tool `name` with no arguments, id `call_<name>_<n>`."""
+    return openai_call(f"call_{name}_{n}", name, "{}")

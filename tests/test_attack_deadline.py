@@ -16,21 +16,9 @@ import trio.lowlevel
 
 from dispatcher import Dispatcher, Registry, Status, Tool
 
+from ._fakes import NO_ARGUMENTS, bare_call, handler_dispatcher
+
 # Every test here takes trio's autojump clock: times are exact, and nothing sleeps for real.
-
-SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
-
-
-def _dispatcher(*handlers: Any, timeout: float = 5.0) -> Dispatcher:
-    tools = [
-        Tool(fn.__name__, f"The {fn.__name__} tool.", fn, SCHEMA, deferred=False, timeout=timeout)
-        for fn in handlers
-    ]
-    return Dispatcher(Registry(tools))
-
-
-def _call(name: str, n: int = 0) -> dict[str, Any]:
-    return {"id": f"call_{name}_{n}", "type": "function", "function": {"name": name, "arguments": "{}"}}
 
 
 @pytest.mark.xfail(
@@ -48,7 +36,7 @@ async def test_the_first_step_sees_the_calls_deadline(autojump_clock: Any) -> No
         await trio.sleep(0.5)
         return "sized"
 
-    [result] = await _dispatcher(sizer, timeout=2.0).session("s").dispatch([_call("sizer")])
+    [result] = await handler_dispatcher(sizer, timeout=2.0).session("s").dispatch([bare_call("sizer")])
     assert result.status is Status.ok
     assert seen == [2.0]
 
@@ -65,7 +53,7 @@ async def test_a_later_step_inside_the_first_steps_scope_sees_the_calls_deadline
             seen.append(trio.current_effective_deadline() - began)
         return "later"
 
-    [result] = await _dispatcher(later, timeout=2.0).session("s").dispatch([_call("later")])
+    [result] = await handler_dispatcher(later, timeout=2.0).session("s").dispatch([bare_call("later")])
     assert result.status is Status.ok and seen == [2.0]
 
 
@@ -82,7 +70,7 @@ async def test_a_scope_entered_in_the_first_step_and_left_in_a_later_one_is_cut(
         return "never"
 
     began = trio.current_time()
-    [result] = await _dispatcher(by_hand, timeout=2.0).session("s").dispatch([_call("by_hand")])
+    [result] = await handler_dispatcher(by_hand, timeout=2.0).session("s").dispatch([bare_call("by_hand")])
     assert result.status is Status.timed_out and trio.current_time() - began == 2.0
 
 
@@ -105,7 +93,7 @@ async def test_a_task_started_in_the_first_step_is_cancelled_at_the_timeout(auto
         return "never"
 
     began = trio.current_time()
-    [result] = await _dispatcher(spawner, timeout=3.0).session("s").dispatch([_call("spawner")])
+    [result] = await handler_dispatcher(spawner, timeout=3.0).session("s").dispatch([bare_call("spawner")])
     assert result.status is Status.timed_out and stopped == [3.0, 3.0]
 
 
@@ -129,7 +117,7 @@ async def test_a_nursery_start_in_the_first_step_is_cut_at_the_timeout(autojump_
         return "never"
 
     began = trio.current_time()
-    [result] = await _dispatcher(starter, timeout=2.5).session("s").dispatch([_call("starter")])
+    [result] = await handler_dispatcher(starter, timeout=2.5).session("s").dispatch([bare_call("starter")])
     assert result.status is Status.timed_out and stopped == [2.5]
 
 
@@ -147,7 +135,7 @@ async def test_a_nursery_start_that_never_starts_is_cut_at_the_timeout(autojump_
         return "never"
 
     began = trio.current_time()
-    [result] = await _dispatcher(starter, timeout=2.0).session("s").dispatch([_call("starter")])
+    [result] = await handler_dispatcher(starter, timeout=2.0).session("s").dispatch([bare_call("starter")])
     assert result.status is Status.timed_out and trio.current_time() - began == 2.0
 
 
@@ -168,7 +156,7 @@ async def test_a_call_that_swallows_each_cancellation_is_cut_at_every_wait(autoj
         return "late"
 
     began = trio.current_time()
-    [result] = await _dispatcher(stubborn, timeout=1.0).session("s").dispatch([_call("stubborn")])
+    [result] = await handler_dispatcher(stubborn, timeout=1.0).session("s").dispatch([bare_call("stubborn")])
     assert result.status is Status.timed_out
     assert swallowed == [1.0, 1.0, 1.0] and trio.current_time() - began == 1.0
 
@@ -186,7 +174,9 @@ async def test_a_call_that_swallows_its_timeout_and_returns_is_late_on_a_real_cl
         return "late"
 
     with trio.fail_after(5):
-        [result] = await _dispatcher(swallower, timeout=0.05).session("s").dispatch([_call("swallower")])
+        [result] = (
+            await handler_dispatcher(swallower, timeout=0.05).session("s").dispatch([bare_call("swallower")])
+        )
     assert result.status is Status.timed_out, result
 
 
@@ -207,7 +197,7 @@ async def test_checkpoint_if_cancelled_past_the_deadline_is_cancelled(autojump_c
         return "never"
 
     began = trio.current_time()
-    [result] = await _dispatcher(polite, timeout=1.0).session("s").dispatch([_call("polite")])
+    [result] = await handler_dispatcher(polite, timeout=1.0).session("s").dispatch([bare_call("polite")])
     assert result.status is Status.timed_out and raised == ["cancelled"]
     assert trio.current_time() - began == 2.0
 
@@ -233,12 +223,12 @@ async def test_the_callers_cancel_status_is_restored_after_each_kind_of_call(aut
             await trio.sleep(0.5)
             raise ValueError("broken inside")
 
-    d = _dispatcher(at_once, waits, overruns, breaks, timeout=1.0)
+    d = handler_dispatcher(at_once, waits, overruns, breaks, timeout=1.0)
     task = trio.lowlevel.current_task()
     with trio.move_on_after(1000) as outer:
         before = task._cancel_status
         for name in ("at_once", "waits", "overruns", "breaks", "at_once"):
-            [result] = await d.session(name).dispatch([_call(name)])
+            [result] = await d.session(name).dispatch([bare_call(name)])
             assert task._cancel_status is before, name
             assert trio.current_effective_deadline() == outer.deadline
             expected = {"overruns": Status.timed_out, "breaks": Status.failed}.get(name, Status.ok)
@@ -265,12 +255,12 @@ async def test_the_callers_deadline_inside_the_calls_scope_cancels_the_dispatch(
             await trio.sleep(100)
         return "never"
 
-    d = _dispatcher(grouped, timeout=10.0)
+    d = handler_dispatcher(grouped, timeout=10.0)
     began = trio.current_time()
     with trio.move_on_after(1.5) as outer:
-        await d.session("s").dispatch([_call("grouped")])
+        await d.session("s").dispatch([bare_call("grouped")])
     assert outer.cancelled_caught and stopped == [1.5]
-    [again] = await d.session("t").dispatch([_call("grouped")])
+    [again] = await d.session("t").dispatch([bare_call("grouped")])
     assert again.status is Status.timed_out and trio.current_time() - began == 11.5
 
 
@@ -289,13 +279,13 @@ async def test_a_keyboard_interrupt_in_the_calls_nursery_propagates_and_leaves_n
         await trio.sleep(0.5)
         return "fine"
 
-    d = _dispatcher(interrupted, fine, timeout=1.0)
+    d = handler_dispatcher(interrupted, fine, timeout=1.0)
     task = trio.lowlevel.current_task()
     before = task._cancel_status
     with pytest.raises(KeyboardInterrupt):
-        await d.session("s").dispatch([_call("interrupted")])
+        await d.session("s").dispatch([bare_call("interrupted")])
     assert task._cancel_status is before
-    [result] = await d.session("t").dispatch([_call("fine")])
+    [result] = await d.session("t").dispatch([bare_call("fine")])
     assert result.status is Status.ok
 
 
@@ -322,13 +312,13 @@ async def test_a_nested_invoke_from_the_calls_scopes_is_cut_at_the_outer_timeout
     d = Dispatcher(
         Registry(
             [
-                Tool("outer", "The outer tool.", outer, SCHEMA, deferred=False, timeout=2.0),
-                Tool("inner", "The inner tool.", inner, SCHEMA, deferred=False, timeout=30.0),
+                Tool("outer", "The outer tool.", outer, NO_ARGUMENTS, deferred=False, timeout=2.0),
+                Tool("inner", "The inner tool.", inner, NO_ARGUMENTS, deferred=False, timeout=30.0),
             ]
         )
     )
     began = trio.current_time()
-    [result] = await d.session("s").dispatch([_call("outer")])
+    [result] = await d.session("s").dispatch([bare_call("outer")])
     assert result.status is Status.timed_out and stopped == [2.0]
     assert trio.current_time() - began == 2.0
 
@@ -351,13 +341,13 @@ async def test_a_nested_invoke_shorter_than_its_caller_is_its_own_timeout(autoju
     d = Dispatcher(
         Registry(
             [
-                Tool("outer", "The outer tool.", outer, SCHEMA, deferred=False, timeout=5.0),
-                Tool("inner", "The inner tool.", inner, SCHEMA, deferred=False, timeout=1.0),
+                Tool("outer", "The outer tool.", outer, NO_ARGUMENTS, deferred=False, timeout=5.0),
+                Tool("inner", "The inner tool.", inner, NO_ARGUMENTS, deferred=False, timeout=1.0),
             ]
         )
     )
     began = trio.current_time()
-    [result] = await d.session("s").dispatch([_call("outer")])
+    [result] = await d.session("s").dispatch([bare_call("outer")])
     assert result.status is Status.ok and result.content == "outer saw timed_out"
     assert trio.current_time() - began == 1.5
 
@@ -375,12 +365,12 @@ async def test_a_shield_around_the_whole_call_keeps_it_past_its_timeout_but_late
         await trio.sleep(0.01)
         return "after"
 
-    d = _dispatcher(shielded, after, timeout=0.05)
+    d = handler_dispatcher(shielded, after, timeout=0.05)
     with trio.fail_after(5):
-        [result] = await d.session("s").dispatch([_call("shielded")])
+        [result] = await d.session("s").dispatch([bare_call("shielded")])
         assert result.status is Status.timed_out
-        d2 = _dispatcher(shielded, after, timeout=1.0)
-        [next_result] = await d2.session("t").dispatch([_call("after")])
+        d2 = handler_dispatcher(shielded, after, timeout=1.0)
+        [next_result] = await d2.session("t").dispatch([bare_call("after")])
     assert next_result.status is Status.ok
 
 
@@ -395,9 +385,9 @@ async def test_calls_in_program_order_each_get_their_own_deadline(autojump_clock
             seen.append(trio.current_effective_deadline() - trio.current_time())
         return "read"
 
-    d = _dispatcher(reader, timeout=2.0)
+    d = handler_dispatcher(reader, timeout=2.0)
     for n in range(3):
-        [result] = await d.session(f"s{n}").dispatch([_call("reader", n)])
+        [result] = await d.session(f"s{n}").dispatch([bare_call("reader", n)])
         assert result.status is Status.ok
     assert seen == [1.5, 1.5, 1.5]
 
@@ -425,12 +415,12 @@ async def test_a_runner_whose_first_step_opens_a_nursery_is_cut_at_the_timeout(a
             await trio.sleep(100)
         return "never"
 
-    registry = Registry([Tool("never", "The never tool.", never, SCHEMA, deferred=False, timeout=2.0)])
+    registry = Registry([Tool("never", "The never tool.", never, NO_ARGUMENTS, deferred=False, timeout=2.0)])
     d = Dispatcher(registry, runner=runner)
     began = trio.current_time()
-    [result] = await d.session("s").dispatch([_call("never", 0)])
+    [result] = await d.session("s").dispatch([bare_call("never", 0)])
     assert result.status is Status.timed_out and stopped == [2.0]
-    [quick] = await d.session("t").dispatch([_call("never", 1)])
+    [quick] = await d.session("t").dispatch([bare_call("never", 1)])
     assert quick.status is Status.ok and quick.content == "answered at once"
 
 
@@ -445,11 +435,11 @@ async def test_a_later_step_that_holds_the_loop_is_reported_and_late() -> None:
         return "too late"
 
     d = Dispatcher(
-        Registry([Tool("hog", "The hog tool.", hog, SCHEMA, deferred=False, timeout=0.1)]),
+        Registry([Tool("hog", "The hog tool.", hog, NO_ARGUMENTS, deferred=False, timeout=0.1)]),
         block_threshold=0.05,
     )
     with trio.fail_after(5):
-        [result] = await d.session("s").dispatch([_call("hog")])
+        [result] = await d.session("s").dispatch([bare_call("hog")])
         await trio.sleep(0.05)  # the probe's answer lands just after the step that held the loop
     assert result.status is Status.timed_out
     assert d.statistics().loop_blocks == 1

@@ -1,7 +1,7 @@
 """A call run alone is held to its timeout exactly as a cancel scope around it would hold
 it, whether it returns before it first waits (no scope is made for it), waits (its scope
 is made then), or opens cancel scopes, task groups or shields of its own before it waits
-(its waits are held one by one)."""
+(its scope is made beneath theirs, so they still close first)."""
 
 from __future__ import annotations
 
@@ -12,23 +12,11 @@ from typing import Any
 import trio
 import trio.lowlevel
 
-from dispatcher import Dispatcher, Registry, Status, Tool
+from dispatcher import Status
+
+from ._fakes import bare_call, handler_dispatcher
 
 # The tests that wait take trio's autojump clock: times are exact, and nothing sleeps for real.
-
-SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
-
-
-def _dispatcher(*handlers: Any, timeout: float = 5.0) -> Dispatcher:
-    tools = [
-        Tool(fn.__name__, f"The {fn.__name__} tool.", fn, SCHEMA, deferred=False, timeout=timeout)
-        for fn in handlers
-    ]
-    return Dispatcher(Registry(tools))
-
-
-def _call(name: str, n: int = 0) -> dict[str, Any]:
-    return {"id": f"call_{name}_{n}", "type": "function", "function": {"name": name, "arguments": "{}"}}
 
 
 async def test_a_call_that_never_waits_returns_its_value(autojump_clock: Any) -> None:
@@ -37,7 +25,7 @@ async def test_a_call_that_never_waits_returns_its_value(autojump_clock: Any) ->
     async def quick(args: Mapping[str, Any], ctx: Any) -> str:
         return f"quick {ctx.call_id}"
 
-    [result] = await _dispatcher(quick).session("s").dispatch([_call("quick")])
+    [result] = await handler_dispatcher(quick).session("s").dispatch([bare_call("quick")])
     assert result.status is Status.ok and result.content == "quick call_quick_0"
 
 
@@ -50,7 +38,7 @@ async def test_a_call_that_waits_past_its_timeout_is_cut_at_it(autojump_clock: A
         return "never"
 
     began = trio.current_time()
-    [result] = await _dispatcher(slow, timeout=2.0).session("s").dispatch([_call("slow")])
+    [result] = await handler_dispatcher(slow, timeout=2.0).session("s").dispatch([bare_call("slow")])
     assert result.status is Status.timed_out
     assert trio.current_time() - began == 2.0
 
@@ -63,7 +51,7 @@ async def test_a_call_whose_first_step_outlasts_its_timeout_is_late() -> None:
         time.sleep(0.08)  # noqa: ASYNC251 - work that holds the loop, past the timeout of 0.05 s
         return "too late"
 
-    [result] = await _dispatcher(hog, timeout=0.05).session("s").dispatch([_call("hog")])
+    [result] = await handler_dispatcher(hog, timeout=0.05).session("s").dispatch([bare_call("hog")])
     assert result.status is Status.timed_out, result
 
 
@@ -76,13 +64,13 @@ async def test_a_call_inside_its_own_scope_is_still_cut_at_its_timeout(autojump_
             await trio.sleep(100)
         return "its own scope ended it"
 
-    d = _dispatcher(scoped, timeout=2.0)
+    d = handler_dispatcher(scoped, timeout=2.0)
     began = trio.current_time()
-    [result] = await d.session("s").dispatch([_call("scoped")])
+    [result] = await d.session("s").dispatch([bare_call("scoped")])
     assert result.status is Status.timed_out, result
     assert trio.current_time() - began == 2.0
     began = trio.current_time()  # a second call of it: held by a scope from the start
-    [again] = await d.session("s").dispatch([_call("scoped", 1)])
+    [again] = await d.session("s").dispatch([bare_call("scoped", 1)])
     assert again.status is Status.timed_out and trio.current_time() - began == 2.0
 
 
@@ -97,7 +85,7 @@ async def test_a_call_whose_own_scope_ends_first_keeps_its_result(autojump_clock
         return "done after its own timeout"
 
     began = trio.current_time()
-    [result] = await _dispatcher(patient, timeout=5.0).session("s").dispatch([_call("patient")])
+    [result] = await handler_dispatcher(patient, timeout=5.0).session("s").dispatch([bare_call("patient")])
     assert result.status is Status.ok and result.content == "done after its own timeout"
     assert trio.current_time() - began == 1.5
 
@@ -120,7 +108,7 @@ async def test_a_call_with_its_own_task_group_is_cut_and_its_children_stop(autoj
         return "never"
 
     began = trio.current_time()
-    [result] = await _dispatcher(grouped, timeout=3.0).session("s").dispatch([_call("grouped")])
+    [result] = await handler_dispatcher(grouped, timeout=3.0).session("s").dispatch([bare_call("grouped")])
     assert result.status is Status.timed_out
     assert trio.current_time() - began == 3.0
     assert finished == ["child unwound"]
@@ -139,7 +127,7 @@ async def test_a_shield_of_the_call_holds_off_its_timeout(autojump_clock: Any) -
         return "never"
 
     began = trio.current_time()
-    [result] = await _dispatcher(shielded, timeout=1.0).session("s").dispatch([_call("shielded")])
+    [result] = await handler_dispatcher(shielded, timeout=1.0).session("s").dispatch([bare_call("shielded")])
     assert log == ["shielded wait over at 4"]
     assert result.status is Status.timed_out
     assert trio.current_time() - began == 4.0
@@ -158,7 +146,7 @@ async def test_a_call_that_swallows_its_timeout_in_its_scope_is_still_late(autoj
             await trio.lowlevel.checkpoint()
         return "returned anyway"
 
-    [result] = await _dispatcher(stubborn, timeout=2.0).session("s").dispatch([_call("stubborn")])
+    [result] = await handler_dispatcher(stubborn, timeout=2.0).session("s").dispatch([bare_call("stubborn")])
     assert result.status is Status.timed_out, result
 
 
@@ -170,7 +158,7 @@ async def test_a_failure_inside_the_calls_own_scope_is_its_result(autojump_clock
             await trio.sleep(1)
             raise ValueError("broke while waiting")
 
-    [result] = await _dispatcher(broken).session("s").dispatch([_call("broken")])
+    [result] = await handler_dispatcher(broken).session("s").dispatch([bare_call("broken")])
     assert result.status is Status.failed and "broke while waiting" in result.content
 
 
@@ -187,9 +175,9 @@ async def test_the_callers_cancellation_is_never_a_timeout(autojump_clock: Any) 
                 unwound.append("unwound")
         return "never"
 
-    d = _dispatcher(waiting, timeout=10.0)
+    d = handler_dispatcher(waiting, timeout=10.0)
     with trio.move_on_after(1) as outer:
-        await d.session("s").dispatch([_call("waiting")])
+        await d.session("s").dispatch([bare_call("waiting")])
     assert outer.cancelled_caught and unwound == ["unwound"]
 
 
@@ -203,7 +191,7 @@ async def test_a_call_that_waits_and_then_returns_is_ok(autojump_clock: Any) -> 
         return "steady"
 
     began = trio.current_time()
-    [result] = await _dispatcher(steady, timeout=2.0).session("s").dispatch([_call("steady")])
+    [result] = await handler_dispatcher(steady, timeout=2.0).session("s").dispatch([bare_call("steady")])
     assert result.status is Status.ok and result.content == "steady"
     assert trio.current_time() - began == 0.75
 
@@ -221,7 +209,7 @@ async def test_a_call_that_closes_its_scope_before_it_waits_is_cut_at_its_timeou
         return "never"
 
     began = trio.current_time()
-    [result] = await _dispatcher(tidy, timeout=2.0).session("s").dispatch([_call("tidy")])
+    [result] = await handler_dispatcher(tidy, timeout=2.0).session("s").dispatch([bare_call("tidy")])
     assert result.status is Status.timed_out and trio.current_time() - began == 2.0
 
 
@@ -241,8 +229,8 @@ async def test_a_failing_child_of_the_calls_task_group_fails_the_call(autojump_c
     async def quick(args: Mapping[str, Any], ctx: Any) -> str:
         return "sibling ok"
 
-    d = _dispatcher(parent, quick, timeout=10.0)
-    results = await d.session("s").dispatch([_call("parent"), _call("quick")])
+    d = handler_dispatcher(parent, quick, timeout=10.0)
+    results = await d.session("s").dispatch([bare_call("parent"), bare_call("quick")])
     assert results[0].status is Status.failed and "the child broke" in results[0].content
     assert results[1].content == "sibling ok"
 
@@ -262,7 +250,7 @@ async def test_a_call_that_invokes_another_from_its_own_scope_gets_its_result(au
         return f"outer saw {result.content}"
 
     began = trio.current_time()
-    [result] = await _dispatcher(outer, inner, timeout=5.0).session("s").dispatch([_call("outer")])
+    [result] = await handler_dispatcher(outer, inner, timeout=5.0).session("s").dispatch([bare_call("outer")])
     assert result.status is Status.ok and result.content == "outer saw inner result"
     assert trio.current_time() - began == 0.75
 
@@ -288,6 +276,8 @@ async def test_an_anyio_task_group_in_the_call_is_cut_at_its_timeout(autojump_cl
         return "never"
 
     began = trio.current_time()
-    [result] = await _dispatcher(anyio_tool, timeout=1.5).session("s").dispatch([_call("anyio_tool")])
+    [result] = (
+        await handler_dispatcher(anyio_tool, timeout=1.5).session("s").dispatch([bare_call("anyio_tool")])
+    )
     assert result.status is Status.timed_out and trio.current_time() - began == 1.5
     assert stopped == ["napper"]
