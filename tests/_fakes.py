@@ -17,6 +17,16 @@ PATH_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "re
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
+class FakeClock:
+    """Seconds that move only when a test says so (`clock.now += 61`)."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class FakeSession:
     """What a ToolContext reads from its session, for calling a handler directly."""
 

@@ -23,17 +23,9 @@ import pytest
 import cache
 from cache import CacheWrite, DiskResultCache
 
+from ._fakes import FakeClock
+
 REPO = Path(cache.__file__).resolve().parents[1]
-
-
-class FakeClock:
-    """Wall-clock seconds that move only when a test says so."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -37,20 +37,11 @@ from cache import (
 )
 from dispatcher import Dispatcher
 
+from ._fakes import FakeClock
 from ._http import serving
 
 REPO = Path(cache.__file__).resolve().parents[1]
 LOGGER = "threepass.cache"
-
-
-class FakeClock:
-    """Wall-clock seconds that move only when a test says so."""
-
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

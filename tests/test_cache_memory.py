@@ -18,15 +18,7 @@ from cache import (
     resources_overlap,
 )
 
-
-class FakeClock:
-    """Seconds that move only when a test says so."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from ._fakes import FakeClock
 
 
 def test_public_names() -> None:
@@ -68,7 +60,7 @@ def test_memory_cache_is_a_result_cache() -> None:
 
 def test_memory_roundtrip() -> None:
     """What was set comes back with its reads and the time it was stored."""
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     memory = MemoryResultCache(clock=clock)
     memory.set_sync("k", "v", ttl=60, reads=["file:/a"])
     assert memory.get_sync("k") == CacheEntry("v", frozenset({"file:/a"}), 1000.0)
@@ -76,7 +68,7 @@ def test_memory_roundtrip() -> None:
 
 def test_memory_expiry_by_clock() -> None:
     """An entry is served until its ttl passes on the clock, then is an expired miss."""
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     memory = MemoryResultCache(clock=clock)
     memory.set_sync("k", "v", ttl=10)
     clock.now += 9.9
