@@ -176,16 +176,18 @@ async def _trio_under_deadline(coro: Coroutine[Any, Any, Any], deadline: float) 
 
 
 def _trio_holds_cancel_status() -> bool:
-    """Whether this trio keeps a task's cancel status where `_trio_under_deadline` reads it."""
+    """Whether this trio keeps what `_trio_under_deadline` and `_scope_beneath` use: a
+    task's `_cancel_status`, a status's settable `parent`, `Task._activate_cancel_status`."""
     try:
-        status = trio.lowlevel.current_task()._cancel_status
-        return (
-            hasattr(status, "_scope")
-            and hasattr(status, "effectively_cancelled")
-            and hasattr(status, "parent")
-        )
+        task = trio.lowlevel.current_task()
+        parent = getattr(type(task._cancel_status), "parent", None)
     except (AttributeError, RuntimeError):
         return False
+    return (
+        isinstance(parent, property)
+        and parent.fset is not None
+        and callable(getattr(task, "_activate_cancel_status", None))
+    )
 
 
 def _waiting(limiter: Any) -> int:
@@ -304,10 +306,7 @@ class BlockWatch:
         self._culprit = culprit
         self._report = report
         self._batches = 0
-        if sniffio.current_async_library() == "trio":
-            self._post: Callable[..., Any] = trio.lowlevel.current_trio_token().run_sync_soon
-        else:
-            self._post = asyncio.get_running_loop().call_soon_threadsafe
+        self._post = poster()
         self._loop_thread = threading.get_ident()
         self._awake = threading.Event()
         self._starting = threading.Lock()
