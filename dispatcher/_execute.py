@@ -382,19 +382,15 @@ class Executor:
                 self._give_back(slot)
 
     def _let_go(self, slot: _Slot, borrower: object | None) -> None:
-        """Give back the slot a call took (or its worker kept) for a call that does not start."""
-        if borrower is None:
-            return
-        if slot.borrower is borrower:
-            self._give_back(slot)
-        else:
-            self._limiter.release_on_behalf_of(borrower)
+        """Give back the slot a call took, or its worker kept, for a call that does not start."""
+        if borrower is not None:
+            if slot.borrower is borrower:
+                slot.borrower = None
+            self._watch.release(self._limiter, borrower)
 
     def _give_back(self, slot: _Slot) -> None:
         """Return the limiter slot a worker kept between its calls."""
-        borrower, slot.borrower = slot.borrower, None
-        self._holding.pop(borrower, None)
-        self._limiter.release_on_behalf_of(borrower)
+        self._let_go(slot, slot.borrower)
 
     def _timed_out(self, planned: PlannedCall, timeout: float, started: float, t0: float) -> ToolResult:
         return failure_result(
