@@ -498,7 +498,7 @@ class Executor:
         """Run one call under its timeout and a limiter slot; ordinary failures become results."""
         tool = planned.tool
         assert tool is not None
-        timeout = tool.tool.timeout or self._timeout
+        timeout = self._timeout_of(planned)
         args = planned.args
         limiter = self._limiter
         borrower: object | None = None  # nested: the calling handler's slot, nothing to take
