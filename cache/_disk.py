@@ -391,6 +391,9 @@ def _read_values(
     if con is None:
         con = _connection(store)
     wall_now = time.time()
+    if len(keys) == 1:  # the common batch: the one-key statement, which SQLite keeps ready
+        one = con.execute(_SELECT_VALUE, (keys[0], wall_now)).fetchone()
+        return {} if one is None else {keys[0]: one}
     rows: dict[str, tuple[Any, ...]] = {}
     for start in range(0, len(keys), _MANY):
         chunk = keys[start : start + _MANY]
@@ -514,12 +517,7 @@ class DiskResultCache:
         slept = _sleeps()
         began = time.monotonic()
         try:
-            if len(asked) == 1:  # one key, the common batch: the statement SQLite keeps ready
-                key = asked[0]
-                one = con.execute(_SELECT_VALUE, (key, time.time())).fetchone()
-                rows = {} if one is None else {key: one}
-            else:
-                rows = _read_values(store, asked, con)
+            rows: dict[str, tuple[Any, ...]] | None = _read_values(store, asked, con)
         except _STORE_FAILURES:
             rows = None  # the thread asks again (waiting as long as it must), or disables the store
         wall_now = time.time()
