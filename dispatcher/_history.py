@@ -54,10 +54,6 @@ class History(Sequence[HistoryEntry]):
         self.cached = 0
         self.by_status: dict[str, int] = {}
 
-    def add(self, run_id: int, round: int, planned: PlannedCall, result: ToolResult) -> None:
-        """Pass 3: one committed call."""
-        self.add_many(run_id, round, ((planned, result),))
-
     def add_many(self, run_id: int, round: int, committed: Sequence[tuple[PlannedCall, ToolResult]]) -> None:
         """Pass 3: a batch's committed calls, in call order."""
         append = self._rows.append

@@ -391,7 +391,7 @@ class Session:
         try:
             gate_decisions = await self._gate(planner, gated, decisions, gate or d.gate) if gated else {}
         except DispatchInterrupted:
-            if d._batch_subscribers:
+            if timed:
                 await self._tell_batch(self._batch_event((), (), frozenset(), "interrupted", began, t0))
             raise
         if decisions:  # the caller's answers are decisions the recording keeps too
