@@ -16,7 +16,7 @@ each tool is awaited in turn.
 Two workloads: `echo` (one string property, the harness's echo) and `realistic` (a tool
 schema of five properties, a nested object, an enum and required ones). Then threepass
 with a recording and without (batch 1 and 100; the default recording, whose batches wait
-for their line, and `recorder.wait = False`), the fixed cost of a batch (per call at
+for their line, and `record_wait=False`), the fixed cost of a batch (per call at
 batch 1 less per call at batch 100), and replay of a recording (the file read and its
 chain checked) against live dispatch of the same batches.
 
@@ -180,9 +180,7 @@ class Threepass:
 
     def __init__(self, record: Path | None = None, session: str = "bench", *, wait: bool = True) -> None:
         self.dispatcher = Dispatcher(_registry())
-        self.session = self.dispatcher.session(session, mode="direct", record=record)
-        if self.session.recorder is not None:
-            self.session.recorder.wait = wait
+        self.session = self.dispatcher.session(session, mode="direct", record=record, record_wait=wait)
 
     async def run_batch(self, calls: Sequence[Mapping[str, Any]]) -> list[str]:
         self.session.new_run()
@@ -262,7 +260,7 @@ async def per_call(quick: bool) -> dict[str, Any]:
 async def recording(quick: bool, folder: Path) -> dict[str, Any]:
     """threepass with a recording against threepass without, µs per call, batch 1 and 100:
     `on` as a session records by default (each batch returns once its line is in the
-    file), `handed` with `recorder.wait = False` (once its line is handed to the writer)."""
+    file), `handed` with `record_wait=False` (once its line is handed to the writer)."""
     off = Threepass(session="off")
     on = Threepass(record=folder / "on.jsonl", session="on")
     handed = Threepass(record=folder / "handed.jsonl", session="handed", wait=False)
@@ -362,7 +360,7 @@ def render(figures: Mapping[str, Any]) -> str:
         "",
         "On: the default, each batch returns once its line is in the file (the session's writer",
         "thread builds and writes it; the batch waits for that thread's word). wait=False",
-        "(`session.recorder.wait = False`): a batch returns once its line is handed to the writer.",
+        "(`record_wait=False`): a batch returns once its line is handed to the writer.",
         "Each is measured against its own rounds of the session without a recording.",
     ]
     rp = figures["replay"]
