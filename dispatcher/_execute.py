@@ -164,6 +164,7 @@ class _Slot:
     t0: float = 0.0
     timeout: float = 0.0
     deadline: float = math.inf
+    cut: bool = False  # the watchdog cancelled `scope` (cheaper to read than `cancel_called`)
 
     def idle(self) -> None:
         """The running call is over (or never started): nothing for the watchdog to cut."""
@@ -230,6 +231,8 @@ class Executor:
         # a worker may keep its slot between calls only when nothing runs between them: a
         # hook may wait (an approval, an audit), and no slot is held while no call runs
         self._keep = not (hooks.before or hooks.after)
+        # nothing but the handler between a call's start and its result: `_run_kept` serves
+        self._plain = self._keep and runner is None and before_write is None
         self._now = primitives.clock
         self._p = primitives
         self._waiting = primitives.waiting
@@ -341,6 +344,7 @@ class Executor:
                 if slot.deadline <= now:
                     slot.deadline = math.inf
                     assert slot.scope is not None
+                    slot.cut = True
                     slot.scope.cancel()
                 elif slot.deadline < wake:
                     wake = slot.deadline
@@ -359,12 +363,17 @@ class Executor:
                 while todo:
                     await self._run_call(todo.popleft(), slot)
                 return
+            plain = self._plain
             while True:
                 with self._p.cancel_scope() as scope:
-                    slot.scope = scope
+                    slot.scope, slot.cut = scope, False
                     while todo:
-                        await self._run_call(todo.popleft(), slot)
-                        if scope.cancel_called:
+                        planned = todo.popleft()
+                        if plain and slot.borrower is not None and planned.tool.is_async:  # type: ignore[union-attr]
+                            await self._run_kept(planned, slot)
+                        else:
+                            await self._run_call(planned, slot)
+                        if slot.cut:
                             # the call overran but swallowed its cancellation and returned:
                             # the next call must not inherit a cancelled scope
                             break
@@ -556,49 +565,106 @@ class Executor:
                         value = await awaitable
                     if scope.cancelled_caught:
                         return self._timed_out(planned, timeout, started, t0)
-            duration = time.monotonic() - t0
-            if duration > timeout and tool.is_async:
-                # it held the loop (or swallowed its cancellation) past its timeout: what it
-                # returned came too late to count (a nested sync call is not cut short at its
-                # timeout, being on its caller's slot, and is reported as it ends)
-                return self._timed_out(planned, timeout, started, t0)
             if isinstance(value, ToolResult) and self._runner is not None:
+                if time.monotonic() - t0 > timeout and tool.is_async:
+                    return self._timed_out(planned, timeout, started, t0)
                 if value.call_id == planned.call_id and value.name == planned.name:
                     return value
                 return attrs.evolve(value, call_id=planned.call_id, name=planned.name)
-            content = normalize_output(value, self._max_out)
-            return new_result(
-                planned.call_id, planned.name, _OK, content, False, False, False, False, started, duration
-            )
-        except (HookBlocked, DispatchInterrupted):
-            slot.idle()
-            raise
-        except ToolError as exc:
-            slot.idle()
-            return self._failed(planned, exc.message, started, t0, retryable=exc.retryable)
-        except (Exception, SystemExit) as exc:  # a tool that calls sys.exit (argparse does) fails alone
-            slot.idle()
-            return self._failed(planned, describe(exc), started, t0)
+            return self._returned(planned, value, timeout, started, t0, tool.is_async)
         except BaseException as exc:
-            if _propagates(exc):
-                raise  # the worker reports a timeout from what the slot says is running
-            slot.idle()
-            if isinstance(exc, KeyboardInterrupt):
-                raise  # run control: `_run_call` collects it
-            if isinstance(exc, BaseExceptionGroup) and (keyboard := _keyboard_in(exc)) is not None:
-                raise keyboard from exc
-            # GeneratorExit and the like, raised by the tool's own code: its failure alone
-            return self._failed(planned, describe(exc), started, t0)
+            return self._raised(planned, slot, exc, started, t0)
         finally:
             if release:
-                if slot.watched and self._keep and not self._waiting(limiter):
-                    # the worker keeps the slot for its next call while nobody waits for one:
-                    # taking and giving back a slot per call costs more than the rest of it
-                    slot.borrower = borrower
-                else:  # what Watch.release does, inline: this is every async call
-                    slot.borrower = None
-                    del holding[borrower]
-                    limiter.release_on_behalf_of(borrower)
+                self._done_with(slot, borrower)
+
+    async def _run_kept(self, planned: PlannedCall, slot: _Slot) -> None:
+        """`_run_call` of an async tool by a worker that kept its limiter slot, when nothing
+        but the handler runs between a call's start and its result (no hook, runner or
+        start mark): the same steps in one frame, since this is most calls of a batch."""
+        if self._deadline is not None and self._now() >= self._deadline:
+            await self._run_call(planned, slot)  # which says so
+            return
+        tool = planned.tool
+        assert tool is not None
+        timeout = tool.tool.timeout or self._timeout
+        borrower = slot.borrower
+        ctx = new_context(planned.call_id, planned.name, *self._context)
+        index = planned.index
+        self.started.add(index)
+        started = time.time()
+        t0 = time.monotonic()
+        self._holding[borrower] = (planned, t0, timeout)
+        slot.running, slot.ctx, slot.started, slot.t0 = planned, ctx, started, t0
+        slot.timeout, slot.deadline = timeout, self._now() + timeout
+        try:
+            value = await tool.tool.handler(planned.args, ctx)
+            slot.idle()
+            self.results[index] = self._returned(planned, value, timeout, started, t0, True)
+        except HookBlocked as exc:  # raised by the tool: run control, as `_run_call` collects it
+            slot.idle()
+            self._block(planned, exc)
+        except DispatchInterrupted as exc:
+            slot.idle()
+            self.control.interrupted[index] = exc
+        except BaseException as exc:
+            try:
+                self.results[index] = self._raised(planned, slot, exc, started, t0)
+            except KeyboardInterrupt as keyboard:
+                self.control.keyboard[index] = keyboard
+        finally:
+            self._done_with(slot, borrower)
+
+    def _returned(
+        self, planned: PlannedCall, value: Any, timeout: float, started: float, t0: float, is_async: bool
+    ) -> ToolResult:
+        """The result of a handler that returned `value`."""
+        duration = time.monotonic() - t0
+        if duration > timeout and is_async:
+            # it held the loop (or swallowed its cancellation) past its timeout: what it
+            # returned came too late to count (a nested sync call is not cut short at its
+            # timeout, being on its caller's slot, and is reported as it ends)
+            return self._timed_out(planned, timeout, started, t0)
+        content = normalize_output(value, self._max_out)
+        return new_result(
+            planned.call_id, planned.name, _OK, content, False, False, False, False, started, duration
+        )
+
+    def _raised(
+        self, planned: PlannedCall, slot: _Slot, exc: BaseException, started: float, t0: float
+    ) -> ToolResult:
+        """The result of a handler that raised `exc`: ordinary failures become results; run
+        control and cancellation raise again (a tool's KeyboardInterrupt as itself)."""
+        if isinstance(exc, (HookBlocked, DispatchInterrupted)):
+            slot.idle()
+            raise exc
+        if isinstance(exc, ToolError):
+            slot.idle()
+            return self._failed(planned, exc.message, started, t0, retryable=exc.retryable)
+        if isinstance(exc, (Exception, SystemExit)):  # a tool that calls sys.exit (argparse does) fails alone
+            slot.idle()
+            return self._failed(planned, describe(exc), started, t0)
+        if _propagates(exc):
+            raise exc  # the worker reports a timeout from what the slot says is running
+        slot.idle()
+        if isinstance(exc, KeyboardInterrupt):
+            raise exc  # run control: `_run_call` collects it
+        if isinstance(exc, BaseExceptionGroup) and (keyboard := _keyboard_in(exc)) is not None:
+            raise keyboard from exc
+        # GeneratorExit and the like, raised by the tool's own code: its failure alone
+        return self._failed(planned, describe(exc), started, t0)
+
+    def _done_with(self, slot: _Slot, borrower: object) -> None:
+        """A call on `borrower`'s limiter slot is over: its worker keeps the slot for its next
+        call while nobody waits for one (taking and giving back a slot per call costs more
+        than the rest of it), else it goes back."""
+        limiter = self._limiter
+        if slot.watched and self._keep and not self._waiting(limiter):
+            slot.borrower = borrower
+        else:  # what Watch.release does, inline: this is every async call
+            slot.borrower = None
+            del self._holding[borrower]
+            limiter.release_on_behalf_of(borrower)
 
     async def _queue(self, planned: PlannedCall, borrower: object, call_timeout: float) -> ToolResult | None:
         """Wait for a slot, at most the queue limit (default: the call's timeout). None: got
