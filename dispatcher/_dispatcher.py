@@ -18,14 +18,15 @@ import attrs
 
 from . import _backend
 from ._core_tools import core_registry
-from ._execute import HookSet, watch_loop
+from ._execute import BeforeWrite, Executor, HookSet, watch_loop
+from ._execute import ToolRunner as PassRunner
 from ._history import DEFAULT_HISTORY_LIMIT
 from ._plan import DEFAULT_MAX_ARGUMENT_BYTES
 from ._registry import Registry
 from ._results import DEFAULT_MAX_OUTPUT_BYTES
 from ._seams import ErrorStore, ResultCache, SessionStore, ToolRunner
 from ._session import Session
-from ._types import Allow, Answer, BatchEvent, Deny, ToolCall, ToolResult
+from ._types import Allow, Answer, BatchEvent, ContextHost, Deny, ToolCall, ToolResult
 from ._watch import DEFAULT_BLOCK_THRESHOLD, DispatcherStatistics, Watch
 
 __all__ = ["DEFAULT_TIMEOUT", "Dispatcher", "default_limit"]
@@ -139,6 +140,7 @@ class Dispatcher:
         self.idle_timeout = idle_timeout
         self._private: Session | None = None
         self.watch = Watch(queue_limit, block_threshold)
+        self._template: tuple[tuple[Any, ...], Executor] | None = None  # see `_executor`
         weakref.finalize(self, Watch.shutdown, self.watch)
         self._batch_subscribers: list[Callable[[BatchEvent], Any]] = []
 
@@ -169,6 +171,48 @@ class Dispatcher:
                 "Dispatcher per event loop (they can share a result store)."
             )
         return bound
+
+    def _executor(
+        self,
+        bound: _Binding,
+        runner: PassRunner | None,
+        before_write: BeforeWrite | None,
+        deadline: float | None,
+        context: tuple[int, int, float | None, ContextHost | None],
+    ) -> Executor:
+        """Pass 2's executor for one batch: made afresh from the last one's settings while
+        they hold (every batch without a runner or start marks, and the same limiter,
+        timeout, hooks, output limit and watch), since working them out costs more than
+        copying them."""
+        if runner is not None or before_write is not None:
+            return self._new_executor(bound, runner, before_write, deadline, context)
+        key = (bound, self.limiter, self.timeout, self.hook_set, self.max_output_bytes, self.watch)
+        kept = self._template
+        if kept is None or kept[0] != key:
+            kept = self._template = (key, self._new_executor(bound, None, None, None, (0, 0, None, None)))
+        return kept[1].fresh(deadline, context)
+
+    def _new_executor(
+        self,
+        bound: _Binding,
+        runner: PassRunner | None,
+        before_write: BeforeWrite | None,
+        deadline: float | None,
+        context: tuple[int, int, float | None, ContextHost | None],
+    ) -> Executor:
+        return Executor(
+            limiter=self.limiter,
+            thread_limiter=bound.thread_limiter,
+            primitives=bound.primitives,
+            default_timeout=self.timeout,
+            deadline=deadline,
+            hooks=self.hook_set,
+            context=context,
+            max_output_bytes=self.max_output_bytes,
+            runner=runner,
+            watch=self.watch,
+            before_write=before_write,
+        )
 
     def _moved(self, written: frozenset[str], *, by: Session) -> None:
         """A write of session `by` landed: every other session forgets what it read of it,

@@ -80,13 +80,16 @@ class HookSet:
         )
 
 
-@attrs.define
 class RunControl:
-    """Run-control signals raised by calls of this batch, by call index."""
+    """Run-control signals raised by calls of this batch, by call index (a plain class:
+    one is made per batch)."""
 
-    blocked: dict[int, HookBlocked] = attrs.field(factory=dict)
-    interrupted: dict[int, DispatchInterrupted] = attrs.field(factory=dict)
-    keyboard: dict[int, KeyboardInterrupt] = attrs.field(factory=dict)
+    __slots__ = ("blocked", "interrupted", "keyboard")
+
+    def __init__(self) -> None:
+        self.blocked: dict[int, HookBlocked] = {}
+        self.interrupted: dict[int, DispatchInterrupted] = {}
+        self.keyboard: dict[int, KeyboardInterrupt] = {}
 
     def __bool__(self) -> bool:
         return bool(self.blocked or self.interrupted or self.keyboard)
@@ -243,6 +246,24 @@ class Executor:
         self._watch = watch if watch is not None else Watch(None, DEFAULT_BLOCK_THRESHOLD)
         self._holding = self._watch.holding
         self._blocking = self._watch.blocking
+        # what `fresh` copies: everything, those of one batch made anew (keeping them in the
+        # copy sizes it for them)
+        self._settings = dict(vars(self))
+
+    def fresh(
+        self, deadline: float | None, context: tuple[int, int, float | None, ContextHost | None]
+    ) -> Executor:
+        """An executor for another batch, with this one's settings and the batch's own
+        `deadline` and `context`: one dict copied, where `__init__` works each out again."""
+        made = object.__new__(Executor)
+        made.__dict__ = self._settings.copy()
+        made._deadline = deadline
+        made._context = context
+        made.results = {}
+        made.started = set()
+        made.control = RunControl()
+        made._nested = False
+        return made
 
     def _timeout_of(self, planned: PlannedCall) -> float:
         tool = planned.tool
@@ -265,11 +286,24 @@ class Executor:
             if lock is not None:
                 await lock.acquire()
             try:
+                alone: _Slot | None = None  # the unwatched slot of the groups of one call
                 for group in plan.groups:
                     if self._serve is not None and not (group := self._served(group, calls)):
                         continue
-                    if len(group) == 1 or self._nested:
+                    if self._nested:
                         await self._worker(collections.deque([calls[i] for i in group]), _Slot(watched=False))
+                    elif len(group) == 1:
+                        # `_worker`'s steps for one call, without its queue: most batches are one call
+                        planned = calls[group[0]]
+                        plain = self._plain and planned.tool is not None and planned.tool.is_async
+                        running_on = _RUNNING_ON.set(_Holder(self._limiter))
+                        try:
+                            if not (plain and await self._run_alone(planned)):
+                                if alone is None:
+                                    alone = _Slot(watched=False)
+                                await self._run_call(planned, alone)
+                        finally:
+                            _RUNNING_ON.reset(running_on)
                     else:
                         await self._run_group([calls[i] for i in group])
                     if self.control:
@@ -369,7 +403,8 @@ class Executor:
                     slot.scope, slot.cut = scope, False
                     while todo:
                         planned = todo.popleft()
-                        if plain and slot.borrower is not None and planned.tool.is_async:  # type: ignore[union-attr]
+                        tool = planned.tool
+                        if plain and slot.borrower is not None and tool is not None and tool.is_async:
                             await self._run_kept(planned, slot)
                         else:
                             await self._run_call(planned, slot)
@@ -599,8 +634,27 @@ class Executor:
         slot.timeout, slot.deadline = timeout, self._now() + timeout
         try:
             value = await tool.tool.handler(planned.args, ctx)
-            slot.idle()
-            self.results[index] = self._returned(planned, value, timeout, started, t0, True)
+            slot.running, slot.deadline = None, math.inf  # slot.idle()
+            if type(value) is str and value.isascii() and len(value) * 4 <= self._max_out:
+                # `_returned` for the commonest value: text that needs neither mending nor a cut
+                duration = time.monotonic() - t0
+                if duration > timeout:
+                    self.results[index] = self._timed_out(planned, timeout, started, t0)
+                else:
+                    self.results[index] = new_result(
+                        planned.call_id,
+                        planned.name,
+                        _OK,
+                        value,
+                        False,
+                        False,
+                        False,
+                        False,
+                        started,
+                        duration,
+                    )
+            else:
+                self.results[index] = self._returned(planned, value, timeout, started, t0, True)
         except HookBlocked as exc:  # raised by the tool: run control, as `_run_call` collects it
             slot.idle()
             self._block(planned, exc)
@@ -613,7 +667,77 @@ class Executor:
             except KeyboardInterrupt as keyboard:
                 self.control.keyboard[index] = keyboard
         finally:
-            self._done_with(slot, borrower)
+            limiter = self._limiter
+            if self._waiting(limiter):  # `_done_with`: someone waits, so the slot goes back
+                slot.borrower = None
+                del self._holding[borrower]
+                limiter.release_on_behalf_of(borrower)
+
+    async def _run_alone(self, planned: PlannedCall) -> bool:
+        """`_run_call` of an async tool run alone, when nothing but the handler runs between
+        a call's start and its result and a limiter slot is free at once: the same steps in
+        one frame (most batches are one such call). False, with nothing done, when no slot
+        is free: the call goes the usual way, which waits for one."""
+        if self._deadline is not None and self._now() >= self._deadline:
+            return False  # the usual way says so
+        borrower = object()
+        limiter = self._limiter
+        try:
+            limiter.acquire_on_behalf_of_nowait(borrower)
+        except self._p.would_block:
+            return False
+        tool = planned.tool
+        assert tool is not None
+        timeout = tool.tool.timeout or self._timeout
+        ctx = new_context(planned.call_id, planned.name, *self._context)
+        index = planned.index
+        holding = self._holding
+        self.started.add(index)
+        started = time.time()
+        t0 = time.monotonic()
+        holding[borrower] = (planned, t0, timeout)
+        try:
+            awaitable = tool.tool.handler(planned.args, ctx)
+            if type(awaitable) is types.CoroutineType:
+                value, late = await self._p.under_deadline(awaitable, self._now() + timeout)
+            else:
+                with self._p.cancel_scope(deadline=self._now() + timeout) as scope:
+                    value = await awaitable
+                late = scope.cancelled_caught
+            if late:
+                self.results[index] = self._timed_out(planned, timeout, started, t0)
+            elif type(value) is str and value.isascii() and len(value) * 4 <= self._max_out:
+                duration = time.monotonic() - t0
+                if duration > timeout:
+                    self.results[index] = self._timed_out(planned, timeout, started, t0)
+                else:
+                    self.results[index] = new_result(
+                        planned.call_id,
+                        planned.name,
+                        _OK,
+                        value,
+                        False,
+                        False,
+                        False,
+                        False,
+                        started,
+                        duration,
+                    )
+            else:
+                self.results[index] = self._returned(planned, value, timeout, started, t0, True)
+        except HookBlocked as exc:  # raised by the tool: run control, as `_run_call` collects it
+            self._block(planned, exc)
+        except DispatchInterrupted as exc:
+            self.control.interrupted[index] = exc
+        except BaseException as exc:
+            try:
+                self.results[index] = self._raised(planned, None, exc, started, t0)
+            except KeyboardInterrupt as keyboard:
+                self.control.keyboard[index] = keyboard
+        finally:
+            del holding[borrower]
+            limiter.release_on_behalf_of(borrower)
+        return True
 
     def _returned(
         self, planned: PlannedCall, value: Any, timeout: float, started: float, t0: float, is_async: bool
@@ -631,22 +755,22 @@ class Executor:
         )
 
     def _raised(
-        self, planned: PlannedCall, slot: _Slot, exc: BaseException, started: float, t0: float
+        self, planned: PlannedCall, slot: _Slot | None, exc: BaseException, started: float, t0: float
     ) -> ToolResult:
         """The result of a handler that raised `exc`: ordinary failures become results; run
-        control and cancellation raise again (a tool's KeyboardInterrupt as itself)."""
-        if isinstance(exc, (HookBlocked, DispatchInterrupted)):
+        control and cancellation raise again (a tool's KeyboardInterrupt as itself). Only a
+        cancellation leaves `slot` (None: a call run alone by `_run_alone`) saying what
+        runs, for the worker that reports the timeout."""
+        if _propagates(exc):  # cancellation is a BaseException, never an ordinary failure
+            raise exc  # the worker reports a timeout from what the slot says is running
+        if slot is not None:
             slot.idle()
+        if isinstance(exc, (HookBlocked, DispatchInterrupted)):
             raise exc
         if isinstance(exc, ToolError):
-            slot.idle()
             return self._failed(planned, exc.message, started, t0, retryable=exc.retryable)
         if isinstance(exc, (Exception, SystemExit)):  # a tool that calls sys.exit (argparse does) fails alone
-            slot.idle()
             return self._failed(planned, describe(exc), started, t0)
-        if _propagates(exc):
-            raise exc  # the worker reports a timeout from what the slot says is running
-        slot.idle()
         if isinstance(exc, KeyboardInterrupt):
             raise exc  # run control: `_run_call` collects it
         if isinstance(exc, BaseExceptionGroup) and (keyboard := _keyboard_in(exc)) is not None:
@@ -813,8 +937,9 @@ class _Holder:
         return self._lock
 
 
-_INVOKE = Executor._invoke.__code__
-"""What `_culprit` looks for on the loop thread's stack."""
+_INVOKE = frozenset(f.__code__ for f in (Executor._invoke, Executor._run_kept, Executor._run_alone))
+"""What `_culprit` looks for on the loop thread's stack: the frames a handler runs under,
+each with the call (`planned`) and when it started (`t0`)."""
 
 _RUNNING_ON: contextvars.ContextVar[_Holder | None] = contextvars.ContextVar(
     "threepass_running_on", default=None
@@ -823,11 +948,12 @@ _RUNNING_ON: contextvars.ContextVar[_Holder | None] = contextvars.ContextVar(
 
 
 def _culprit(frame: FrameType | None) -> tuple[PlannedCall, float] | None:
-    """The call whose `_invoke` is on the loop thread's stack (the innermost: a nested
-    dispatch runs inside its caller's handler) and when it started (time.monotonic), sampled
-    while the loop is held; read from another thread, so it only reads."""
+    """The call whose handler's frame (`_INVOKE`) is on the loop thread's stack (the
+    innermost: a nested dispatch runs inside its caller's handler) and when it started
+    (time.monotonic), sampled while the loop is held; read from another thread, so it
+    only reads."""
     while frame is not None:
-        if frame.f_code is _INVOKE:
+        if frame.f_code in _INVOKE:
             found = frame.f_locals
             planned, t0 = found.get("planned"), found.get("t0")
             if isinstance(planned, PlannedCall) and isinstance(t0, float):

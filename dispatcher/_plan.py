@@ -204,14 +204,20 @@ class PlannerState:
     cancellation), by call id: dispatched again in the same run, they are served."""
 
 
-@attrs.define
 class Draft:
-    """A call while pass 1 decides it (mutable, private to pass 1)."""
+    """A call while pass 1 decides it (mutable, private to pass 1). A plain class whose
+    defaults are its class's: one is made for every call of every batch, and setting four
+    fields costs a fraction of setting all of them."""
 
-    index: int
-    call_id: str
-    name: str
-    args: dict[str, Any] | None
+    def __init__(self, index: int, call_id: str, name: str, args: dict[str, Any] | None) -> None:
+        self.index = index
+        self.call_id = call_id
+        self.name = name
+        self.args = args
+
+    def __repr__(self) -> str:
+        return f"Draft({self.index}, {self.call_id!r}, {self.name!r}, step={self.step!r})"
+
     via_run_tool: bool = False
     step: str = "parsed"
     entry: RegisteredTool | None = None

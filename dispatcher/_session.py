@@ -45,6 +45,7 @@ from ._snapshot import (
     json_values,
 )
 from ._stores import epoch_before, look_up, moved_elsewhere, remember_failures, update_store
+from ._turns import Turns
 from ._types import (
     Allow,
     Answer,
@@ -128,7 +129,7 @@ class Session:
         self._extra_core = tuple(core)
         self.recorder = recorder
         self._executed = 0
-        self._one_batch: Any = None  # the bound loop's Lock, made at the first dispatch
+        self._turns = Turns()  # one batch at a time
         self._ids = itertools.count(1)
         self._id_prefix = f"invoke_{session_id}_"
         self._cleanups: list[Callable[[], Any]] = []
@@ -325,13 +326,9 @@ class Session:
         inside = _INSIDE.get()
         if self in inside:
             return await self._dispatch_one(bound, calls, decisions, all_loaded, runner, gate)
-        lock = self._one_batch
-        if lock is None:
-            lock = self._one_batch = bound.primitives.lock()
-        try:
-            lock.acquire_nowait()  # no scheduler round trip when the session is free
-        except bound.primitives.would_block:
-            await lock.acquire()
+        turns = self._turns
+        if not turns.free():  # no scheduler round trip when the session is free
+            await turns.wait(bound.primitives.event)
         token = _INSIDE.set(inside | {self})
         self.busy = True
         try:
@@ -342,7 +339,7 @@ class Session:
             self.busy = False
             self.last_used = time.monotonic()
             _INSIDE.reset(token)
-            lock.release()
+            turns.done()
 
     async def _dispatch_one(
         self,
@@ -407,18 +404,8 @@ class Session:
         # (here, or anywhere the store is shared) keeps them from being remembered or stored
         since = d._generation
         store_since = await epoch_before(store, plan) if store is not None else None
-        executor = Executor(
-            limiter=d.limiter,
-            thread_limiter=bound.thread_limiter,
-            primitives=bound.primitives,
-            default_timeout=d.timeout,
-            deadline=self._deadline,
-            hooks=d.hook_set,
-            context=(self._run_id, self._round, self._deadline, self),
-            max_output_bytes=d.max_output_bytes,
-            runner=runner,
-            watch=d.watch,
-            before_write=before_write,
+        executor = d._executor(
+            bound, runner, before_write, self._deadline, (self._run_id, self._round, self._deadline, self)
         )
         want_events = bool(self._subscribers or d.on_result is not None)
         escaped = ""  # what ended pass 2 early (an outcome of BatchEvent), if anything did
