@@ -48,6 +48,11 @@ class Turns:
                 self._queue.remove(handed)
             raise
 
+    @property
+    def waiting(self) -> int:
+        """How many wait for their turn."""
+        return len(self._queue)
+
     def done(self) -> None:
         """End the turn: hand it to the first waiter, or leave the session free."""
         if self._queue:
