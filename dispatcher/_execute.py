@@ -585,6 +585,8 @@ class Executor:
                 slot.timeout, slot.deadline = timeout, self._now() + timeout
                 value = await self._start(planned, ctx, args, borrower, timeout)
                 slot.idle()
+                if slot.cut and tool.is_async:  # the watchdog cut it at its deadline; it swallowed that
+                    return self._timed_out(planned, timeout, started, t0)
             else:
                 deadline = self._now() + timeout
                 awaitable = self._start(planned, ctx, args, borrower, timeout)
@@ -592,13 +594,15 @@ class Executor:
                     # a handler's coroutine (or a runner's), held to its deadline without a
                     # cancel scope of its own while it never waits
                     value, late = await self._p.under_deadline(awaitable, deadline)
-                    if late:
+                    if late or (tool.is_async and self._now() >= deadline):
+                        # cut short, or it swallowed that and returned after its deadline (a
+                        # nested sync call, on its caller's slot, is not cut and counts as it ends)
                         return self._timed_out(planned, timeout, started, t0)
                 else:
                     # a scope with a deadline: move_on_after is a generator-made wrapper of it
                     with self._p.cancel_scope(deadline=deadline) as scope:
                         value = await awaitable
-                    if scope.cancelled_caught:
+                    if scope.cancelled_caught or (tool.is_async and scope.cancel_called):
                         return self._timed_out(planned, timeout, started, t0)
             if isinstance(value, ToolResult) and self._runner is not None:
                 if time.monotonic() - t0 > timeout and tool.is_async:
@@ -635,7 +639,9 @@ class Executor:
         try:
             value = await tool.tool.handler(planned.args, ctx)
             slot.running, slot.deadline = None, math.inf  # slot.idle()
-            if type(value) is str and value.isascii() and len(value) * 4 <= self._max_out:
+            if slot.cut:  # the watchdog cut it at its deadline, and it swallowed that
+                self.results[index] = self._timed_out(planned, timeout, started, t0)
+            elif type(value) is str and value.isascii() and len(value) * 4 <= self._max_out:
                 # `_returned` for the commonest value: text that needs neither mending nor a cut
                 duration = time.monotonic() - t0
                 if duration > timeout:
@@ -698,13 +704,14 @@ class Executor:
         holding[borrower] = (planned, t0, timeout)
         try:
             awaitable = tool.tool.handler(planned.args, ctx)
+            deadline = self._now() + timeout
             if type(awaitable) is types.CoroutineType:
-                value, late = await self._p.under_deadline(awaitable, self._now() + timeout)
+                value, late = await self._p.under_deadline(awaitable, deadline)
             else:
-                with self._p.cancel_scope(deadline=self._now() + timeout) as scope:
+                with self._p.cancel_scope(deadline=deadline) as scope:
                     value = await awaitable
                 late = scope.cancelled_caught
-            if late:
+            if late or self._now() >= deadline:  # cut short, or it swallowed that and returned after
                 self.results[index] = self._timed_out(planned, timeout, started, t0)
             elif type(value) is str and value.isascii() and len(value) * 4 <= self._max_out:
                 duration = time.monotonic() - t0

@@ -443,3 +443,35 @@ async def test_a_later_step_that_holds_the_loop_is_reported_and_late() -> None:
         await trio.sleep(0.05)  # the probe's answer lands just after the step that held the loop
     assert result.status is Status.timed_out
     assert d.statistics().loop_blocks == 1
+
+
+def _swallower_tool(name: str) -> Tool:
+    """A concurrent tool that swallows its timeout in its own scope and returns without
+    waiting again."""
+
+    async def swallow(args: Mapping[str, Any], ctx: Any) -> str:
+        with trio.move_on_after(50):
+            try:  # noqa: SIM105 - swallowed on purpose: the point of this tool
+                await trio.sleep(10)
+            except trio.Cancelled:
+                pass
+        return "late"
+
+    return Tool(
+        name, f"The {name} tool.", swallow, NO_ARGUMENTS, deferred=False, timeout=1.0, concurrent=True
+    )
+
+
+@pytest.mark.parametrize("calls", [1, 3])
+async def test_a_call_that_swallows_its_timeout_is_late_on_a_mock_clock(
+    calls: int, autojump_clock: Any
+) -> None:
+    """On a clock of the loop's own (a MockClock, whose seconds pass without real time), a
+    handler that swallows its timeout and returns without waiting again is timed_out all
+    the same, alone or in a concurrent group: its value came after its deadline on the
+    clock the deadline is kept in, however little real time went by."""
+    d = Dispatcher(Registry([_swallower_tool("swallow")]))
+    began = trio.current_time()
+    results = await d.session("s").dispatch([bare_call("swallow", n) for n in range(calls)])
+    assert [r.status for r in results] == [Status.timed_out] * calls, results
+    assert trio.current_time() - began == 1.0  # each cut at its timeout, together

@@ -248,7 +248,8 @@ async def test_a_handler_that_invokes_side_by_side_stays_on_its_slot(autojump_cl
 
 async def test_a_call_that_swallows_its_timeout_does_not_cut_the_next(autojump_clock: Any) -> None:
     """A handler that catches its own cancellation and returns does not leave the worker's next
-    call cancelled: that call runs to the end."""
+    call cancelled: that call runs to the end. What it returned came after its deadline, so
+    it is timed_out, on this clock as on a real one."""
     ran: list[int] = []
 
     async def swallow(args: Mapping[str, Any], ctx: Any) -> str:
@@ -273,11 +274,8 @@ async def test_a_call_that_swallows_its_timeout_does_not_cut_the_next(autojump_c
     s = Dispatcher(reg, max_concurrent=1).session("s", mode="direct")
     batch = [openai_call("sw", "swallow", {}), *(openai_call(f"v{n}", "steady", {"n": n}) for n in (1, 2))]
     results = await s.dispatch(batch)
-    assert [(r.status, r.content) for r in results] == [
-        (Status.ok, "partial"),
-        (Status.ok, "steady 1"),
-        (Status.ok, "steady 2"),
-    ]
+    assert [(r.status, r.content) for r in results][1:] == [(Status.ok, "steady 1"), (Status.ok, "steady 2")]
+    assert results[0].status is Status.timed_out and "partial" not in results[0].content
     assert ran == [1, 2]
 
 
