@@ -392,6 +392,12 @@ _IDLE_SECONDS = 1.0  # a writer thread with nothing to write ends after this lon
 _CLOSE_WAIT = 5.0  # how long `close()` (and the interpreter's exit) waits for a stalled disk
 _LINGER = 0.002  # with `wait=False`, how long a writer gathers lines before it writes them
 _MOST_QUEUED = 1000  # with `wait=False`, lines waiting to be written before batches wait again
+WRITE_STALL = 0.1
+"""A line written on the event loop that takes longer than this (seconds) sends lines to
+the writer thread for `WRITE_PAUSE`."""
+WRITE_PAUSE = 10.0
+"""... for this long (seconds): a disk that stalls holds the loop up once in every
+`WRITE_PAUSE`, for as long as that one write waits."""
 
 
 def _nobody() -> None:
@@ -487,6 +493,7 @@ class Recorder:
         self.fsync = fsync
         self.wait = wait
         self._fd: int | None = None  # open for the session, between batches too
+        self._named_fd: int | None = None  # `_fd`, just now seen still named
         self._closer: weakref.finalize[Any, Any] | None = None
         self._writer_state()
         _RECORDERS.add(self)
@@ -497,6 +504,7 @@ class Recorder:
         self._writer: threading.Thread | None = None
         self._writer_lock = threading.Lock()
         self._unwritten = 0  # jobs handed to the writer and not yet done
+        self._here_until = 0.0  # monotonic time before which no line is written on the loop
 
     def submit(self, **batch: Any) -> Callable[[], Awaitable[Any]] | None:
         """Hand `record_batch(**batch)` to this recorder's writer thread, from the loop: what
@@ -509,12 +517,52 @@ class Recorder:
         if copied is not None and self._unwritten < _MOST_QUEUED:
             self._hand_over(_Job({**batch, "calls": copied}, _nobody))
             return None
+        if (
+            self._fd is not None
+            and not self.fsync
+            and self._unwritten == 0
+            and time.monotonic() >= self._here_until
+            and self._write_here(batch)
+        ):
+            return None
         written = _backend.primitives().event()
         post = _backend.poster()
         if not self._hand_over(_Job(batch, lambda: post(written.set))):
             return None
         waiting: Callable[[], Awaitable[Any]] = written.wait
         return waiting
+
+    def _write_here(self, batch: Mapping[str, Any]) -> bool:
+        """Build and write a batch's line on the loop's thread, if the file it goes to is open
+        and still named (False: it is not, and the writer thread opens the file anew). A
+        `write` to an open file, which the system takes into memory at once, costs less
+        than waking the writer thread and being woken by it; opening a file, which may
+        block (a FIFO, a hung network mount), is left to the thread. Should the line take
+        over `WRITE_STALL` seconds (a disk that stalls), batches go to the writer thread
+        for `WRITE_PAUSE`."""
+        began = time.monotonic()
+        with self._writer_lock:  # nothing else writes meanwhile, not even a drain at exit
+            fd = self._fd
+            try:
+                named = fd is not None and os.fstat(fd).st_nlink > 0  # a file renamed over it unlinks it
+            except OSError:
+                named = False
+            if not named:
+                return False
+            self._named_fd = fd  # `_open` need not look again
+            self.record_batch(**batch)
+            self._named_fd = None
+        took = time.monotonic() - began
+        if took > WRITE_STALL:
+            self._here_until = began + WRITE_PAUSE
+            log.info(
+                "the recording %s took %.1f ms to take a line on the event loop: lines go to "
+                "its writer thread for %g s",
+                self.path,
+                took * 1e3,
+                WRITE_PAUSE,
+            )
+        return True
 
     def _hand_over(self, job: _Job) -> bool:
         try:
@@ -683,9 +731,9 @@ class Recorder:
         noticed (one fstat a batch) and the recording goes on in a new one at that path,
         beginning with a header: what was written before is gone with the old file, and
         a chain that went on from it would only be reported broken."""
-        fd = self._fd
+        fd, named, self._named_fd = self._fd, self._named_fd, None
         if fd is not None:
-            if os.fstat(fd).st_nlink:  # still named (a file renamed over it unlinks it)
+            if named == fd or os.fstat(fd).st_nlink:  # still named (a file renamed over it unlinks it)
                 return fd, []
             log.warning("the recording %s was removed or replaced; it starts again with a header", self.path)
             self._close_file()

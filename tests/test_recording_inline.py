@@ -1,0 +1,278 @@
+"""Lines written on the event loop's thread: a waiting batch's line is in the file when the
+batch returns, a kill -9 after that loses nothing, a write that stalls sends lines to the
+writer thread, a file replaced between batches is noticed, the chain holds across both
+ways of writing, fsync stays on the thread."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from dispatcher import Dispatcher, _recording, replay
+from dispatcher._recording import read_recording
+
+from ._fakes import Counter, call, fake_registry, openai_call
+
+ROOT = Path(__file__).resolve().parent.parent
+_REAL_WRITE = os.write
+
+
+class _Writes:
+    """Which thread wrote each recording line: os.write as it is, watched."""
+
+    def __init__(self) -> None:
+        self.by: list[tuple[int, bytes]] = []  # (thread ident, the first bytes of a line written)
+
+    def __call__(self, fd: int, data: Any) -> int:
+        head = bytes(data[:16])
+        if head.startswith(b'{"type"'):
+            self.by.append((threading.get_ident(), head))
+        return _REAL_WRITE(fd, data)
+
+    def threads(self) -> list[str]:
+        """Per write: "loop" (this test's thread) or "thread" (the recorder's writer)."""
+        here = threading.get_ident()
+        return ["loop" if ident == here else "thread" for ident, _ in self.by]
+
+
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> _Writes:
+    watched = _Writes()
+    monkeypatch.setattr(os, "write", watched)
+    return watched
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def _session(path: Path, name: str = "inline", **options: Any) -> Any:
+    return Dispatcher(fake_registry(Counter(), {})).session(name, record=path, **options)
+
+
+async def test_a_waiting_batch_is_written_on_the_loop_once_the_file_is_open(
+    tmp_path: Path, writes: _Writes
+) -> None:
+    """The first batch opens the file on the writer thread; each batch after it is written
+    on the loop's thread, and its line is in the file when dispatch returns."""
+    path = tmp_path / "s.jsonl"
+    s = _session(path)
+    for n in range(4):
+        await s.dispatch([call(str(n), "echo", text=f"t{n}")])
+        assert [r["seq"] for r in _lines(path)] == list(range(n + 2))  # before close
+        assert _lines(path)[-1]["results"][0]["content"] == f"t{n}"
+    s.close()
+    assert writes.threads() == ["thread", "loop", "loop", "loop"]
+    _, batches, truncated, problem = read_recording(path)
+    assert problem is None and not truncated and len(batches) == 4
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.calls == 4
+
+
+_KILLED_CHILD = """
+import os, signal, sys, trio
+sys.path.insert(0, {root!r})
+from dispatcher import Dispatcher
+from tests._fakes import Counter, fake_registry, openai_call
+
+async def main():
+    s = Dispatcher(fake_registry(Counter(), {{}})).session("killed", record={path!r})
+    for b in range({batches}):
+        await s.dispatch([openai_call(f"{{b}}-{{i}}", "echo", {{"text": f"{{b}}/{{i}}"}}) for i in range(3)])
+    os.kill(os.getpid(), signal.SIGKILL)  # at once after the last batch returned
+
+trio.run(main)
+"""
+
+
+@pytest.mark.parametrize("batches", [1, 6])
+def test_a_process_killed_right_after_a_batch_returned_has_its_line(tmp_path: Path, batches: int) -> None:
+    """kill -9 the moment a batch returns (the first, written by the writer thread; or a
+    later one, written on the loop): every batch that returned is whole in the file."""
+    path = tmp_path / "killed.jsonl"
+    script = _KILLED_CHILD.format(root=str(ROOT), path=str(path), batches=batches)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    _, recorded, truncated, problem = read_recording(path)
+    assert problem is None and not truncated
+    assert [[r["content"] for r in b["results"]] for b in recorded] == [
+        [f"{b}/{i}" for i in range(3)] for b in range(batches)
+    ]
+
+
+@contextmanager
+def _reader(fifo: Path) -> Iterator[tuple[threading.Event, list[bytes]]]:
+    """Read the FIFO `fifo` in a thread while the event is set (it starts set), until its
+    writer closes it; once it is cleared, the pipe fills and a write to it waits."""
+    go = threading.Event()
+    go.set()
+    got: list[bytes] = []
+
+    def read() -> None:
+        with open(fifo, "rb", buffering=0) as f:
+            while True:
+                go.wait()
+                chunk = f.read(1 << 16)
+                if not chunk:
+                    return
+                got.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield go, got
+    finally:
+        go.set()
+        reader.join(10)
+
+
+def _empty(fifo: Path) -> None:
+    """Let the writer thread read the FIFO `fifo` as an empty file: the recording begins
+    with a header."""
+    with open(fifo, "wb"):
+        pass
+
+
+def _big_batch(n: int) -> list[dict[str, Any]]:
+    """A batch whose line is far larger than a pipe holds (64 KiB on Linux)."""
+    return [openai_call(f"{n}-{i}", "echo", {"text": f"{n}:" + "x" * 100_000}) for i in range(4)]
+
+
+async def test_a_write_on_the_loop_that_stalls_sends_the_next_lines_to_the_writer_thread(
+    tmp_path: Path, writes: _Writes
+) -> None:
+    """A line that takes longer than WRITE_STALL to write on the loop (a reader that stops
+    reading, its pipe full) sends the next batches to the writer thread, where a write that
+    stalls again holds up the batch but not the loop; the lines stay in order and chained."""
+    fifo = tmp_path / "slow.jsonl"
+    os.mkfifo(fifo)
+    s = _session(fifo, "slow")
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            first = anyio.Event()
+
+            async def first_batch() -> None:
+                await s.dispatch([call("0", "echo", text="first")])
+                first.set()
+
+            tg.start_soon(first_batch)
+            await anyio.sleep(0.1)  # the writer thread waits to read the FIFO
+            _empty(fifo)
+            with _reader(fifo) as (go, got):
+                await first.wait()
+                go.clear()
+                threading.Timer(0.4, go.set).start()
+                began = time.monotonic()
+                await s.dispatch(_big_batch(1))  # on the loop: holds it until the reader reads
+                assert time.monotonic() - began >= 0.3
+                assert writes.threads() == ["thread", "loop"]
+                go.clear()
+                ticks = 0
+                returned = anyio.Event()
+
+                async def third_batch() -> None:
+                    await s.dispatch(_big_batch(2))
+                    returned.set()
+
+                tg.start_soon(third_batch)
+                while ticks < 20:  # the loop is free while the writer thread waits
+                    await anyio.sleep(0.005)
+                    ticks += 1
+                assert not returned.is_set()
+                go.set()
+                await returned.wait()
+                await s.dispatch([call("3", "echo", text="last")])
+                s.close()
+    assert writes.threads() == ["thread", "loop", "thread", "thread"]
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(b"".join(got))
+    _, batches, truncated, problem = read_recording(copy)
+    assert problem is None and not truncated
+    assert [b["results"][0]["content"][:6] for b in batches] == ["first", "1:xxxx", "2:xxxx", "last"]
+    report = await replay(copy, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.calls == 10
+
+
+async def test_lines_stay_in_order_and_chained_as_batches_switch_between_loop_and_thread(
+    tmp_path: Path, writes: _Writes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every write on the loop counted as stalled: each sends the next batches to the
+    writer thread for WRITE_PAUSE, then batches come back to the loop; the file holds
+    every batch in order, one chain, and replays."""
+    monkeypatch.setattr(_recording, "WRITE_STALL", -1.0)
+    monkeypatch.setattr(_recording, "WRITE_PAUSE", 0.3)
+    path = tmp_path / "switching.jsonl"
+    s = _session(path, "switching")
+    for n in range(8):
+        if n in (4, 7):
+            await anyio.sleep(0.35)  # the pause is over
+        await s.dispatch([call(str(n), "echo", text=f"t{n}"), call(f"{n}b", "echo", text=f"u{n}")])
+        assert len(_lines(path)) == n + 2
+    s.close()
+    assert writes.threads() == ["thread", "loop", "thread", "thread", "loop", "thread", "thread", "loop"]
+    _, batches, truncated, problem = read_recording(path)
+    assert problem is None and not truncated
+    assert [b["seq"] for b in batches] == list(range(1, 9))
+    assert [b["results"][1]["content"] for b in batches] == [f"u{n}" for n in range(8)]
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.calls == 16
+
+
+async def test_a_file_replaced_between_batches_written_on_the_loop_is_noticed(
+    tmp_path: Path, writes: _Writes
+) -> None:
+    """A file renamed over the recording, then one deleted: the next batch, which would be
+    written on the loop, notices; the writer thread begins the new file with a header, and
+    the loop writes the batches after it."""
+    path = tmp_path / "s.jsonl"
+    s = _session(path, "swapped")
+    await s.dispatch([call("1", "echo", text="a")])
+    await s.dispatch([call("2", "echo", text="b")])
+    (tmp_path / "new.jsonl").write_text("")
+    os.replace(tmp_path / "new.jsonl", path)
+    await s.dispatch([call("3", "echo", text="c")])
+    await s.dispatch([call("4", "echo", text="d")])
+    assert [r.get("seq") for r in _lines(path)] == [0, 1, 2]
+    path.unlink()
+    await s.dispatch([call("5", "echo", text="e")])
+    s.close()
+    assert writes.threads() == ["thread", "loop", "thread", "loop", "thread"]
+    records = _lines(path)
+    assert [r["type"] for r in records] == ["header", "batch"]
+    assert records[1]["calls"][0]["id"] == "5"
+
+
+async def test_with_fsync_every_line_is_written_and_synced_by_the_writer_thread(
+    tmp_path: Path, writes: _Writes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`record_fsync=True`: a sync waits for the disk, so no batch's line is written on the
+    loop; each is written and synced by the writer thread before its batch returns."""
+    real_fsync = os.fsync
+    synced: list[int] = []
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        synced.append(threading.get_ident())
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    path = tmp_path / "synced.jsonl"
+    s = _session(path, "synced", record_fsync=True)
+    for n in range(3):
+        await s.dispatch([call(str(n), "echo", text="x")])
+        assert len(synced) == n + 1 and len(_lines(path)) == n + 2
+    s.close()
+    assert writes.threads() == ["thread"] * 3
+    assert threading.get_ident() not in synced
