@@ -103,13 +103,14 @@ def _calls_finite(calls: Any) -> bool:
     return True
 
 
-def encode_line(record: Mapping[str, Any]) -> bytes:
+def encode_line(record: Mapping[str, Any], *, finite: bool = False) -> bytes:
     """One record as one line of JSON, the same bytes for the same record: orjson (UTF-8)
     where it can hold the record; where it refuses (a lone surrogate, an integer past 64
     bits) or would change it (NaN, infinity), json with every non-ASCII character escaped,
-    so a lone surrogate is kept as "\\ud800", readable back exactly."""
+    so a lone surrogate is kept as "\\ud800", readable back exactly. `finite`: the
+    record's calls and decisions are known to hold no float (`_plain_record`'s)."""
     try:
-        if _calls_finite(record.get("calls")) and _finite(record.get("decisions")):
+        if finite or (_calls_finite(record.get("calls")) and _finite(record.get("decisions"))):
             return orjson.dumps(record, default=str, option=_ORJSON_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
         pass
@@ -338,6 +339,75 @@ def _defaults_may_hold_credentials(defaults: Mapping[str, Any]) -> bool:
         _DEFAULTS_VERDICTS.clear()
     _DEFAULTS_VERDICTS[id(defaults)] = (defaults, verdict)
     return verdict
+
+
+_STATUS_TEXT = {s: s.value for s in Status}
+
+
+def _plain_record(
+    calls: Sequence[Any], planned: Sequence[PlannedCall], results: Sequence[ToolResult | None]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any] | None]] | None:
+    """The calls, plan rows and results of the common batch, which holds nothing to redact:
+    every call the OpenAI chat shape with JSON text, pass 1's canonical arguments for each,
+    no credential in any of them (one scan for the whole batch) nor in the defaults of
+    their tools. None for any other batch, which `_record_of` builds part by part; both
+    build the same record for a batch this one takes."""
+    if not len(calls) == len(planned) == len(results):
+        return None
+    texts: list[str] = []
+    for item in calls:
+        fn = item.get("function") if type(item) is dict else None
+        if type(fn) is not dict or type(raw := fn.get("arguments")) is not str or not raw:
+            return None
+        texts.append(raw)
+    scanned = texts.copy()
+    tools: set[int] = set()
+    for p in planned:
+        if p.sent is None:
+            return None
+        scanned.append(p.sent)
+        tool = p.tool
+        if tool is not None and tool.defaults and id(tool) not in tools:
+            if _defaults_may_hold_credentials(tool.defaults):
+                return None
+            tools.add(id(tool))
+    if not _none_may_hold_credentials(scanned):
+        return None
+    status_text = _STATUS_TEXT
+    recorded_calls = [
+        {"id": str(item.get("id", "")), "name": str(item["function"].get("name", "")), "arguments": raw}
+        for item, raw in zip(calls, texts, strict=True)
+    ]
+    plan_rows = [
+        {
+            "name": p.name,
+            "key": p.key,
+            "how": ("ran" if r is not None else "unfinished")
+            if p.leader is None and p.outcome is None
+            else _how(p, r),
+        }
+        for p, r in zip(planned, results, strict=True)
+    ]
+    recorded_results = [
+        {  # ToolResult.to_json, field for field
+            "call_id": r.call_id,
+            "name": r.name,
+            "status": status_text[r.status],
+            "content": r.content,
+            "retryable": r.retryable,
+            "effect_uncertain": r.effect_uncertain,
+            "cached": r.cached,
+            "deduped": r.deduped,
+            "started": r.started,
+            "duration": r.duration,
+        }
+        if type(r) is ToolResult
+        else None
+        if r is None
+        else _result_json(r, set())  # a subclass of ToolResult may say more in its to_json
+        for r in results
+    ]
+    return recorded_calls, plan_rows, recorded_results
 
 
 def _result_json(result: ToolResult, secrets: set[str]) -> dict[str, Any]:
@@ -616,14 +686,14 @@ class Recorder:
     def _write_burst(self, burst: list[_Job]) -> None:
         """Write the jobs of `burst` in order, then tell each that it is done (a closing job
         closes the file after the lines before it are written)."""
-        records: list[dict[str, Any]] = []
+        records: list[tuple[dict[str, Any], bool]] = []
         done: list[_Job] = []
         try:
             for job in burst:
                 done.append(job)
                 if job.batch is not None and self.problem is None:
                     try:
-                        records.append(self._batch_record(**job.batch))
+                        records.append(self._record_of(**job.batch))
                     except Exception as exc:  # as record_batch: the lines before it are kept
                         self._append_all(records)
                         records = []
@@ -751,15 +821,16 @@ class Recorder:
 
     def _append(self, record: Mapping[str, Any]) -> None:
         """Append one record, numbered and chained (see `_append_all`)."""
-        self._append_all([record])
+        self._append_all([(dict(record), False)])
 
-    def _append_all(self, records: Sequence[Mapping[str, Any]]) -> None:
-        """Append records, numbered and chained, with one `write`. A record that cannot be
-        encoded (a structure too deep) is not written, nor is anything after it; a write
-        that fails (a full disk, a folder gone) is logged once and ends the recording:
-        what is on disk stays a readable prefix of the session (replay reports a cut last
-        line as truncated), and the batches' results still reach the caller, since their
-        tools have run."""
+    def _append_all(self, records: Sequence[tuple[dict[str, Any], bool]]) -> None:
+        """Append records, numbered and chained, with one `write`: each a (record, whether
+        `_plain_record` built it) whose record is the recorder's own, given its `seq` and
+        `prev` in place. A record that cannot be encoded (a structure too deep) is not
+        written, nor is anything after it; a write that fails (a full disk, a folder gone)
+        is logged once and ends the recording: what is on disk stays a readable prefix of
+        the session (replay reports a cut last line as truncated), and the batches' results
+        still reach the caller, since their tools have run."""
         if self.problem is not None or not records:
             return
         failed: Exception | None = None
@@ -767,16 +838,19 @@ class Recorder:
             fd, lines = self._open()
             assert self._seq is not None
             seq, prev = self._seq, self._prev
-            for record in records:
+            for record, plain in records:
+                seq += 1
+                record["seq"], record["prev"] = seq, prev
                 try:
-                    encoded = encode_line({**record, "seq": seq + 1, "prev": prev})
+                    encoded = encode_line(record, finite=plain)
                 except Exception as exc:
                     failed = exc
+                    seq -= 1
                     break
                 lines.append(encoded)
-                seq, prev = seq + 1, line_hash(encoded)
+                prev = line_hash(encoded)
             if lines:
-                data = b"\n".join(lines) + b"\n"
+                data = lines[0] + b"\n" if len(lines) == 1 else b"\n".join(lines) + b"\n"
                 written = os.write(fd, data)
                 while written < len(data):  # a short write (a signal, a nearly full disk): the rest
                     written += os.write(fd, data[written:])
@@ -813,11 +887,11 @@ class Recorder:
         if self.problem is not None:
             return
         try:
-            record = self._batch_record(run_id, round, calls, plan, results, decisions, control, all_loaded)
+            built = self._record_of(run_id, round, calls, plan, results, decisions, control, all_loaded)
         except Exception as exc:
             self._stop(exc)
             return
-        self._append(record)
+        self._append_all([built])
 
     def _batch_record(
         self,
@@ -830,6 +904,38 @@ class Recorder:
         control: BaseException | None,
         all_loaded: bool,
     ) -> dict[str, Any]:
+        """The record of one batch, as its line holds it (less `seq` and `prev`)."""
+        return self._record_of(run_id, round, calls, plan, results, decisions, control, all_loaded)[0]
+
+    @staticmethod
+    def _record_of(
+        run_id: int,
+        round: int,
+        calls: Sequence[Any],
+        plan: Plan,
+        results: Sequence[ToolResult | None],
+        decisions: Mapping[str, Decision],
+        control: BaseException | None,
+        all_loaded: bool = False,
+    ) -> tuple[dict[str, Any], bool]:
+        """(`_batch_record`, whether `_plain_record` built it: the common batch, built in one
+        pass, whose calls and decisions hold no float for `encode_line` to look for)."""
+        if not decisions:
+            common = _plain_record(calls, plan.calls, results)
+            if common is not None:
+                rows_calls, rows_plan, rows_results = common
+                record = {
+                    "type": "batch",
+                    "run": run_id,
+                    "round": round,
+                    "all_loaded": all_loaded,
+                    "calls": rows_calls,
+                    "decisions": {},
+                    "plan": rows_plan,
+                    "results": rows_results,
+                    "control": None if control is None else type(control).__name__,
+                }
+                return record, True
         secrets: set[str] = set()  # filled by the redaction of calls, decisions and keys
         # the common batch holds no credential anywhere: one scan says so for every call
         texts = [_openai_arguments(c) for c in calls]
@@ -848,7 +954,7 @@ class Recorder:
             {"name": p.name, "key": _recorded_key(p, secrets, clean=keys_clean), "how": _how(p, r)}
             for p, r in zip(plan.calls, results, strict=True)
         ]
-        return {
+        record = {
             "type": "batch",
             "run": run_id,
             "round": round,
@@ -859,6 +965,7 @@ class Recorder:
             "results": [None if r is None else _result_json(r, secrets) for r in results],
             "control": None if control is None else type(control).__name__,
         }
+        return record, False
 
 
 # --- reading ----------------------------------------------------------------------------

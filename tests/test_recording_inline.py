@@ -1,7 +1,8 @@
 """Lines written on the event loop's thread: a waiting batch's line is in the file when the
 batch returns, a kill -9 after that loses nothing, a write that stalls sends lines to the
 writer thread, a file replaced between batches is noticed, the chain holds across both
-ways of writing, fsync stays on the thread."""
+ways of writing, fsync stays on the thread; and the common batch's record, built in one
+pass, is the record built part by part."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,10 @@ from typing import Any
 import anyio
 import pytest
 
-from dispatcher import Dispatcher, _recording, replay
-from dispatcher._recording import read_recording
+from dispatcher import Dispatcher, Registry, Tool, ToolCall, _recording, replay
+from dispatcher._recording import Recorder, encode_line, read_recording
 
-from ._fakes import Counter, call, fake_registry, openai_call
+from ._fakes import TEXT_SCHEMA, Counter, call, fake_registry, openai_call
 
 ROOT = Path(__file__).resolve().parent.parent
 _REAL_WRITE = os.write
@@ -276,3 +277,83 @@ async def test_with_fsync_every_line_is_written_and_synced_by_the_writer_thread(
     s.close()
     assert writes.threads() == ["thread"] * 3
     assert threading.get_ident() not in synced
+
+
+# --- the common batch's record ------------------------------------------------------------
+
+
+def _registry() -> Registry:
+    async def echo(args: Mapping[str, Any], ctx: Any) -> str:
+        return str(args["text"])
+
+    async def boom(args: Mapping[str, Any], ctx: Any) -> str:
+        raise RuntimeError("it broke")
+
+    def defaults(value: str) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {"text": {"type": "string"}, "mode": {"type": "string", "default": value}},
+            "required": ["text"],
+        }
+
+    return Registry(
+        [
+            Tool("echo", "Echo.", echo, TEXT_SCHEMA, concurrent=True, deferred=False),
+            Tool("boom", "Fails.", boom, {"type": "object"}, concurrent=True, deferred=False),
+            Tool("plain_default", "Echo.", echo, defaults("fast"), concurrent=True, deferred=False),
+            Tool("marked_default", "Echo.", echo, defaults("token-less"), concurrent=True, deferred=False),
+        ]
+    )
+
+
+_BATCHES: list[list[Any]] = [
+    [openai_call("1", "echo", {"text": "a"})],
+    [openai_call("2", "echo", '{"text": "café ✓"}'), openai_call("3", "echo", {"text": "a"})],
+    [openai_call("4", "echo", {"text": "same"}), openai_call("5", "echo", {"text": "same"})],  # a follower
+    [openai_call("6", "echo", {"wrong": 1}), openai_call("7", "boom", {})],  # invalid; failed
+    [openai_call("8", "nowhere", {"text": "a"})],  # decided in pass 1, with no arguments as sent
+    [openai_call("9", "echo", "not json")],
+    [openai_call("10", "plain_default", {"text": "a"})],
+    [openai_call("11", "marked_default", {"text": "a"})],  # a default that may hold a credential
+    [openai_call("12", "echo", {"text": "a", "api_key": "sk-abcdefghijklmnop1234"})],
+    [openai_call("13", "echo", {"text": "see https://u:pw@example.com/x"})],
+    [ToolCall("14", "echo", {"text": "a"})],
+    [{"id": 15, "function": {"name": "echo", "arguments": '{"text": "b"}'}}],  # an id that is no text
+    [openai_call("16", "echo", {"text": "a"})],  # called again in the same run: deduped
+]
+
+
+async def test_the_common_batch_is_recorded_as_the_record_built_part_by_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For every batch the one-pass builder takes, its record encodes to the same bytes as
+    the record built call by call with redaction; batches that may hold a credential, or
+    that are not all the OpenAI shape with text, it leaves to the other."""
+    submitted: list[dict[str, Any]] = []
+    submit = Recorder.submit
+
+    def watched(self: Recorder, **batch: Any) -> Any:
+        submitted.append(batch)
+        return submit(self, **batch)
+
+    monkeypatch.setattr(Recorder, "submit", watched)
+    s = Dispatcher(_registry()).session("common", record=tmp_path / "s.jsonl")
+    for batch in _BATCHES:
+        await s.dispatch(batch)
+    s.close()
+    one_pass = [Recorder._record_of(**batch) for batch in submitted]
+    monkeypatch.setattr(_recording, "_plain_record", lambda *parts: None)
+    part_by_part = [Recorder._record_of(**batch) for batch in submitted]
+    assert [plain for _, plain in one_pass] == [
+        True, True, True, True, False, False, True, False, False, False, False, True, True,
+    ]  # fmt: skip
+    for (record, _), (expected, _) in zip(one_pass, part_by_part, strict=True):
+        assert encode_line(record) == encode_line(expected)
+    taken = [record for record, plain in one_pass if plain]
+    assert {row["how"] for record in taken for row in record["plan"]} == {
+        "ran", "follow", "invalid_arguments", "deduped",
+    }  # fmt: skip
+    assert "failed" in {result["status"] for record in taken for result in record["results"]}
+    assert "sk-abcdefghijklmnop1234" not in (tmp_path / "s.jsonl").read_text()
+    report = await replay(tmp_path / "s.jsonl", Dispatcher(_registry()))
+    assert report.ok, report
