@@ -351,62 +351,58 @@ def _plain_record(
     every call the OpenAI chat shape with JSON text, pass 1's canonical arguments for each,
     no credential in any of them (one scan for the whole batch) nor in the defaults of
     their tools. None for any other batch, which `_record_of` builds part by part; both
-    build the same record for a batch this one takes."""
+    build the same record for a batch this one takes. Plain loops: a comprehension costs
+    a function call of its own, a third of a batch of one's record."""
     if not len(calls) == len(planned) == len(results):
         return None
+    fns: list[dict[str, Any]] = []
     texts: list[str] = []
-    for item in calls:
+    scanned: list[str] = []
+    tools: set[int] | None = None  # asked about their defaults
+    for item, p in zip(calls, planned, strict=False):  # as long as each other: see above
         fn = item.get("function") if type(item) is dict else None
-        if type(fn) is not dict or type(raw := fn.get("arguments")) is not str or not raw:
+        if type(fn) is not dict or type(raw := fn.get("arguments")) is not str or not raw or p.sent is None:
             return None
+        fns.append(fn)
         texts.append(raw)
-    scanned = texts.copy()
-    tools: set[int] = set()
-    for p in planned:
-        if p.sent is None:
-            return None
+        scanned.append(raw)
         scanned.append(p.sent)
         tool = p.tool
-        if tool is not None and tool.defaults and id(tool) not in tools:
+        if tool is not None and tool.defaults and (tools is None or id(tool) not in tools):
             if _defaults_may_hold_credentials(tool.defaults):
                 return None
+            tools = tools or set()
             tools.add(id(tool))
-    if not _none_may_hold_credentials(scanned):
+    if may_hold_credentials("\x00".join(scanned)):  # as `_none_may_hold_credentials`
         return None
+    recorded_calls: list[dict[str, Any]] = []
+    plan_rows: list[dict[str, Any]] = []
+    recorded_results: list[dict[str, Any] | None] = []
     status_text = _STATUS_TEXT
-    recorded_calls = [
-        {"id": str(item.get("id", "")), "name": str(item["function"].get("name", "")), "arguments": raw}
-        for item, raw in zip(calls, texts, strict=True)
-    ]
-    plan_rows = [
-        {
-            "name": p.name,
-            "key": p.key,
-            "how": ("ran" if r is not None else "unfinished")
-            if p.leader is None and p.outcome is None
-            else _how(p, r),
-        }
-        for p, r in zip(planned, results, strict=True)
-    ]
-    recorded_results = [
-        {  # ToolResult.to_json, field for field
-            "call_id": r.call_id,
-            "name": r.name,
-            "status": status_text[r.status],
-            "content": r.content,
-            "retryable": r.retryable,
-            "effect_uncertain": r.effect_uncertain,
-            "cached": r.cached,
-            "deduped": r.deduped,
-            "started": r.started,
-            "duration": r.duration,
-        }
-        if type(r) is ToolResult
-        else None
-        if r is None
-        else _result_json(r, set())  # a subclass of ToolResult may say more in its to_json
-        for r in results
-    ]
+    for item, fn, raw, p, r in zip(calls, fns, texts, planned, results, strict=False):
+        recorded_calls.append(
+            {"id": str(item.get("id", "")), "name": str(fn.get("name", "")), "arguments": raw}
+        )
+        ran = p.leader is None and p.outcome is None
+        how = ("unfinished" if r is None else "ran") if ran else _how(p, r)
+        plan_rows.append({"name": p.name, "key": p.key, "how": how})
+        if type(r) is ToolResult:
+            recorded_results.append(
+                {  # ToolResult.to_json, field for field
+                    "call_id": r.call_id,
+                    "name": r.name,
+                    "status": status_text[r.status],
+                    "content": r.content,
+                    "retryable": r.retryable,
+                    "effect_uncertain": r.effect_uncertain,
+                    "cached": r.cached,
+                    "deduped": r.deduped,
+                    "started": r.started,
+                    "duration": r.duration,
+                }
+            )
+        else:  # none, or a subclass of ToolResult, which may say more in its to_json
+            recorded_results.append(None if r is None else _result_json(r, set()))
     return recorded_calls, plan_rows, recorded_results
 
 
