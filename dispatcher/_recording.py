@@ -4,9 +4,14 @@ A recording is a header line (format version, registry fingerprint and a hash pe
 caller's metadata) then one line per committed batch: the calls as given, the gate
 decisions, how pass 1 decided each call, and the results. Each line is written whole with
 one `write`, so a crash can at worst leave a truncated last line; replay reports it and
-replays the rest. The lines are built, encoded and written by the recorder's own thread,
-so neither a large batch nor a stalled disk holds up the event loop: a batch returns once
-its line is in the file (or, with `Recorder.wait` false, once it is handed over).
+replays the rest. A batch returns once its line is in the file (or, with `Recorder.wait`
+false, once it is handed over). Once the file is open, a batch's line is built, encoded
+and written on the event loop's thread: a `write` to an open file costs less than waking
+a thread and being woken by it. The recorder's own thread opens the file (which may block:
+a FIFO, a hung mount), writes the lines that must reach the disk (`fsync`) and those that
+need not be waited for, and takes every line for `WRITE_PAUSE` seconds after one written
+on the loop took longer than `WRITE_STALL`: a disk that stalls holds the loop up for one
+write in every `WRITE_PAUSE`, and otherwise only the batches that wait for it.
 
 Every line carries `seq` (the header 0, each batch the next number) and every batch
 `prev`, the xxh3-64 of the previous line's bytes as written: a hash chain, so that a
@@ -520,8 +525,8 @@ if hasattr(os, "register_at_fork"):
 
 class Recorder:
     """Appends a session's batches to a JSONL file, each line chained to the one before.
-    A session hands each batch to the recorder's own writer thread (`submit`), so that
-    encoding and the disk never hold up the event loop."""
+    A session hands each batch to `submit`, which writes its line on the loop's thread or
+    hands it to the recorder's own writer thread (the module says when)."""
 
     def __init__(
         self,
@@ -573,10 +578,11 @@ class Recorder:
         self._here_until = 0.0  # monotonic time before which no line is written on the loop
 
     def submit(self, **batch: Any) -> Callable[[], Awaitable[Any]] | None:
-        """Hand `record_batch(**batch)` to this recorder's writer thread, from the loop: what
-        to call and await until the line is written (synced, with `fsync`), or None when
-        the batch need not wait (see `wait`). Never raises: a writer that cannot start
-        stops the recording."""
+        """Record a batch, from the loop: `record_batch(**batch)` here (see `_write_here`),
+        or handed to this recorder's writer thread. What to call and await until the line
+        is written (synced, with `fsync`), or None when there is nothing to wait for (the
+        line is written, or the batch need not wait: see `wait`). Never raises: a writer
+        that cannot start stops the recording."""
         if self.problem is not None:
             return None  # the recording stopped: nothing to write, nothing to wait for
         copied = None if self.wait or self.fsync else _copied_calls(batch["calls"], batch["decisions"])
