@@ -5,10 +5,11 @@ caller's metadata) then one line per committed batch: the calls as given, the ga
 decisions, how pass 1 decided each call, and the results. Each line is written whole with
 one `write`, so a crash can at worst leave a truncated last line; replay reports it and
 replays the rest. A batch returns once its line is in the file (or, with `Recorder.wait`
-false, once it is handed over). Once the file is open, a batch's line is built, encoded
-and written on the event loop's thread: a `write` to an open file costs less than waking
-a thread and being woken by it. The recorder's own thread opens the file (which may block:
-a FIFO, a hung mount), writes the lines that must reach the disk (`fsync`) and those that
+false, once it is handed over). Once the file is open, and is a regular file, a batch's
+line is built, encoded and written on the event loop's thread: a `write` to an open file
+costs less than waking a thread and being woken by it. The recorder's own thread opens
+the file (which may block: a hung mount), writes to a FIFO, a socket or a terminal (each
+waits for its reader), writes the lines that must reach the disk (`fsync`) and those that
 need not be waited for, and takes every line for `WRITE_PAUSE` seconds after one written
 on the loop took longer than `WRITE_STALL`: a disk that stalls holds the loop up for one
 write in every `WRITE_PAUSE`, and otherwise only the batches that wait for it.
@@ -50,6 +51,7 @@ import logging
 import math
 import os
 import queue
+import stat
 import threading
 import time
 import weakref
@@ -565,6 +567,7 @@ class Recorder:
         self.wait = wait
         self._fd: int | None = None  # open for the session, between batches too
         self._named_fd: int | None = None  # `_fd`, just now seen still named
+        self._fd_regular = False  # `_fd` is a regular file (not a FIFO, a socket, a terminal)
         self._closer: weakref.finalize[Any, Any] | None = None
         self._writer_state()
         _RECORDERS.add(self)
@@ -591,6 +594,7 @@ class Recorder:
             return None
         if (
             self._fd is not None
+            and self._fd_regular
             and not self.fsync
             and self._unwritten == 0
             and time.monotonic() >= self._here_until
@@ -607,9 +611,10 @@ class Recorder:
     def _write_here(self, batch: Mapping[str, Any]) -> bool:
         """Build and write a batch's line on the loop's thread, if the file it goes to is open
         and still named (False: it is not, and the writer thread opens the file anew). A
-        `write` to an open file, which the system takes into memory at once, costs less
-        than waking the writer thread and being woken by it; opening a file, which may
-        block (a FIFO, a hung network mount), is left to the thread. Should the line take
+        `write` to a regular file already open, which the system takes into memory at once,
+        costs less than waking the writer thread and being woken by it; opening a file,
+        which may block (a hung network mount), and writing to a FIFO, a socket or a
+        terminal, which waits for its reader, are left to the thread. Should the line take
         over `WRITE_STALL` seconds (a disk that stalls), batches go to the writer thread
         for `WRITE_PAUSE`."""
         began = time.monotonic()
@@ -737,6 +742,7 @@ class Recorder:
         if self._closer is not None:
             self._closer()
         self._fd = self._closer = None
+        self._fd_regular = False
 
     def _forked(self) -> None:
         """In a child process after `fork`: the file and its chain are the parent's, and a
@@ -819,6 +825,7 @@ class Recorder:
         # and the process's end closes the file anyway
         self._closer.atexit = False
         self._fd = fd
+        self._fd_regular = stat.S_ISREG(os.fstat(fd).st_mode)
         return fd, lines
 
     def _append(self, record: Mapping[str, Any]) -> None:

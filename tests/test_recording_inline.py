@@ -1,19 +1,19 @@
 """Lines written on the event loop's thread: a waiting batch's line is in the file when the
 batch returns, a kill -9 after that loses nothing, a write that stalls sends lines to the
-writer thread, a file replaced between batches is noticed, the chain holds across both
-ways of writing, fsync stays on the thread; and the common batch's record, built in one
-pass, is the record built part by part."""
+writer thread, a FIFO is left to it, a file replaced between batches is noticed, the chain
+holds across both ways of writing, fsync stays on the thread; and the common batch's
+record, built in one pass, is the record built part by part."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -152,12 +152,12 @@ def _big_batch(n: int) -> list[dict[str, Any]]:
     return [openai_call(f"{n}-{i}", "echo", {"text": f"{n}:" + "x" * 100_000}) for i in range(4)]
 
 
-async def test_a_write_on_the_loop_that_stalls_sends_the_next_lines_to_the_writer_thread(
+async def test_a_fifo_is_written_by_the_writer_thread_so_a_reader_that_stops_never_holds_the_loop(
     tmp_path: Path, writes: _Writes
 ) -> None:
-    """A line that takes longer than WRITE_STALL to write on the loop (a reader that stops
-    reading, its pipe full) sends the next batches to the writer thread, where a write that
-    stalls again holds up the batch but not the loop; the lines stay in order and chained."""
+    """A recording to a FIFO: each line waits for its reader, so none is written on the
+    loop; a reader that stops reading (its pipe full) holds up the batch waiting for its
+    line while the loop goes on; every line arrives in order and chained."""
     fifo = tmp_path / "slow.jsonl"
     os.mkfifo(fifo)
     s = _session(fifo, "slow")
@@ -174,21 +174,16 @@ async def test_a_write_on_the_loop_that_stalls_sends_the_next_lines_to_the_write
             _empty(fifo)
             with _reader(fifo) as (go, got):
                 await first.wait()
-                go.clear()
-                threading.Timer(0.4, go.set).start()
-                began = time.monotonic()
-                await s.dispatch(_big_batch(1))  # on the loop: holds it until the reader reads
-                assert time.monotonic() - began >= 0.3
-                assert writes.threads() == ["thread", "loop"]
-                go.clear()
+                await s.dispatch([call("1", "echo", text="second")])
+                go.clear()  # the reader stops: the pipe fills with the next line
                 ticks = 0
                 returned = anyio.Event()
 
-                async def third_batch() -> None:
+                async def big_batch() -> None:
                     await s.dispatch(_big_batch(2))
                     returned.set()
 
-                tg.start_soon(third_batch)
+                tg.start_soon(big_batch)
                 while ticks < 20:  # the loop is free while the writer thread waits
                     await anyio.sleep(0.005)
                     ticks += 1
@@ -197,14 +192,36 @@ async def test_a_write_on_the_loop_that_stalls_sends_the_next_lines_to_the_write
                 await returned.wait()
                 await s.dispatch([call("3", "echo", text="last")])
                 s.close()
-    assert writes.threads() == ["thread", "loop", "thread", "thread"]
+    assert writes.threads() == ["thread"] * 4
     copy = tmp_path / "copy.jsonl"
     copy.write_bytes(b"".join(got))
     _, batches, truncated, problem = read_recording(copy)
     assert problem is None and not truncated
-    assert [b["results"][0]["content"][:6] for b in batches] == ["first", "1:xxxx", "2:xxxx", "last"]
+    assert [b["results"][0]["content"][:6] for b in batches] == ["first", "second", "2:xxxx", "last"]
     report = await replay(copy, Dispatcher(fake_registry(Counter(), {})))
-    assert report.ok and report.calls == 10
+    assert report.ok and report.calls == 7
+
+
+async def test_a_write_on_the_loop_slower_than_write_stall_sends_lines_to_the_thread_for_a_while(
+    tmp_path: Path, writes: _Writes, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A line whose build and write on the loop takes longer than WRITE_STALL (here a large
+    batch against a small limit, for real) sends the next batches to the writer thread,
+    and says so once; a quick line does not."""
+    monkeypatch.setattr(_recording, "WRITE_STALL", 0.05)
+    caplog.set_level(logging.INFO, logger="threepass.recording")
+    path = tmp_path / "s.jsonl"
+    s = _session(path, "stall")
+    await s.dispatch([call("0", "echo", text="a")])
+    await s.dispatch([call("1", "echo", text="b")])  # quick: on the loop, and the next too
+    await s.dispatch([openai_call(f"2-{i}", "echo", {"text": "x" * 500_000}) for i in range(8)])
+    await s.dispatch([call("3", "echo", text="c")])
+    await s.dispatch([call("4", "echo", text="d")])
+    s.close()
+    assert writes.threads() == ["thread", "loop", "loop", "thread", "thread"]
+    assert sum("lines go to its writer thread" in r.getMessage() for r in caplog.records) == 1
+    _, batches, truncated, problem = read_recording(path)
+    assert problem is None and not truncated and [b["seq"] for b in batches] == [1, 2, 3, 4, 5]
 
 
 async def test_lines_stay_in_order_and_chained_as_batches_switch_between_loop_and_thread(
