@@ -358,8 +358,8 @@ def _plain_record(
     every call the OpenAI chat shape with JSON text, pass 1's canonical arguments for each,
     no credential in any of them (one scan for the whole batch) nor in the defaults of
     their tools. None for any other batch, which `_record_of` builds part by part; both
-    build the same record for a batch this one takes. Plain loops: a comprehension costs
-    a function call of its own, a third of a batch of one's record."""
+    build the same record for a batch this one takes. Plain loops, not comprehensions: in
+    this Python each comprehension is a call of its own, paid for even by a batch of one."""
     if not len(calls) == len(planned) == len(results):
         return None
     fns: list[dict[str, Any]] = []
