@@ -860,6 +860,10 @@ class Recorder:
                 prev = line_hash(encoded)
             if lines:
                 data = lines[0] + b"\n" if len(lines) == 1 else b"\n".join(lines) + b"\n"
+                # before the write: a KeyboardInterrupt on the loop's thread that comes while
+                # the line is being written is raised as the write returns, and the line it
+                # left in the file must not be numbered again by the next record
+                self._seq, self._prev = seq, prev
                 written = os.write(fd, data)
                 while written < len(data):  # a short write (a signal, a nearly full disk): the rest
                     written += os.write(fd, data[written:])
@@ -867,8 +871,6 @@ class Recorder:
                     os.fsync(fd)
         except Exception as exc:  # OSError: a full disk, a folder gone
             failed = exc
-        else:
-            self._seq, self._prev = seq, prev
         if failed is not None:
             # the batch goes on; the recording stops
             self._stop(failed)

@@ -374,3 +374,34 @@ async def test_the_common_batch_is_recorded_as_the_record_built_part_by_part(
     assert "sk-abcdefghijklmnop1234" not in (tmp_path / "s.jsonl").read_text()
     report = await replay(tmp_path / "s.jsonl", Dispatcher(_registry()))
     assert report.ok, report
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_ctrl_c_right_after_a_line_is_written_on_the_loop_keeps_the_chain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGINT the moment a line written on the loop is in the file (sent by os.write once it
+    has written, handled at the loop thread's next chance): the batch raises
+    KeyboardInterrupt, and the next batch's line follows that line in the chain rather
+    than repeating its number."""
+    interrupt = [False]
+
+    def write(fd: int, data: Any) -> int:
+        written = _REAL_WRITE(fd, data)
+        if interrupt[0]:
+            interrupt[0] = False
+            signal.raise_signal(signal.SIGINT)
+        return written
+
+    monkeypatch.setattr(os, "write", write)
+    path = tmp_path / "s.jsonl"
+    s = _session(path, "interrupted")
+    await s.dispatch([call("1", "echo", text="a")])
+    interrupt[0] = True
+    with pytest.raises(KeyboardInterrupt):
+        await s.dispatch([call("2", "echo", text="b")])
+    await s.dispatch([call("3", "echo", text="c")])
+    s.close()
+    _, batches, truncated, problem = read_recording(path)
+    assert problem is None and not truncated
+    assert [(b["seq"], b["calls"][0]["id"]) for b in batches] == [(1, "1"), (2, "2"), (3, "3")]
