@@ -259,11 +259,13 @@ class Dispatcher:
         history_limit: int | None = DEFAULT_HISTORY_LIMIT,
     ) -> Session:
         """The session named `session_id` (made on first use). `record` appends every batch to
-        that JSONL file, written by a thread of its own: a batch returns once its line is in
-        the file (`record_fsync`: synced to the disk; `record_wait=False`: once the line is
-        handed to that thread, which writes it within milliseconds — a crash may then lose
-        the last lines, never the file's order or its chain; with a session store a batch
-        always waits, so that the saved state and the file agree). `core` names more tools
+        that JSONL file: a batch returns once its line is in the file, written on the loop's
+        thread once the file is open (`record_fsync`: synced to the disk, by a thread of the
+        recording's own, which also opens the file and takes over from a disk that stalls;
+        `record_wait=False`: once the line is handed to that thread, which writes it within
+        milliseconds — a crash may then lose the last lines, never the file's order or its
+        chain; with a session store a batch always waits, so that the saved state and the
+        file agree). `core` names more tools
         whose schemas go in every request. `history_limit` is how many committed calls
         `Session.history` keeps (None: all)."""
         if session_id is None:

@@ -4,9 +4,15 @@ A recording is a header line (format version, registry fingerprint and a hash pe
 caller's metadata) then one line per committed batch: the calls as given, the gate
 decisions, how pass 1 decided each call, and the results. Each line is written whole with
 one `write`, so a crash can at worst leave a truncated last line; replay reports it and
-replays the rest. The lines are built, encoded and written by the recorder's own thread,
-so neither a large batch nor a stalled disk holds up the event loop: a batch returns once
-its line is in the file (or, with `Recorder.wait` false, once it is handed over).
+replays the rest. A batch returns once its line is in the file (or, with `Recorder.wait`
+false, once it is handed over). Once the file is open, and is a regular file, a batch's
+line is built, encoded and written on the event loop's thread: a `write` to an open file
+costs less than waking a thread and being woken by it. The recorder's own thread opens
+the file (which may block: a hung mount), writes to a FIFO, a socket or a terminal (each
+waits for its reader), writes the lines that must reach the disk (`fsync`) and those that
+need not be waited for, and takes every line for `WRITE_PAUSE` seconds after one written
+on the loop took longer than `WRITE_STALL`: a disk that stalls holds the loop up for one
+write in every `WRITE_PAUSE`, and otherwise only the batches that wait for it.
 
 Every line carries `seq` (the header 0, each batch the next number) and every batch
 `prev`, the xxh3-64 of the previous line's bytes as written: a hash chain, so that a
@@ -45,6 +51,7 @@ import logging
 import math
 import os
 import queue
+import stat
 import threading
 import time
 import weakref
@@ -103,13 +110,14 @@ def _calls_finite(calls: Any) -> bool:
     return True
 
 
-def encode_line(record: Mapping[str, Any]) -> bytes:
+def encode_line(record: Mapping[str, Any], *, finite: bool = False) -> bytes:
     """One record as one line of JSON, the same bytes for the same record: orjson (UTF-8)
     where it can hold the record; where it refuses (a lone surrogate, an integer past 64
     bits) or would change it (NaN, infinity), json with every non-ASCII character escaped,
-    so a lone surrogate is kept as "\\ud800", readable back exactly."""
+    so a lone surrogate is kept as "\\ud800", readable back exactly. `finite`: the
+    record's calls and decisions are known to hold no float (`_plain_record`'s)."""
     try:
-        if _calls_finite(record.get("calls")) and _finite(record.get("decisions")):
+        if finite or (_calls_finite(record.get("calls")) and _finite(record.get("decisions"))):
             return orjson.dumps(record, default=str, option=_ORJSON_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
         pass
@@ -340,6 +348,71 @@ def _defaults_may_hold_credentials(defaults: Mapping[str, Any]) -> bool:
     return verdict
 
 
+_STATUS_TEXT = {s: s.value for s in Status}
+
+
+def _plain_record(
+    calls: Sequence[Any], planned: Sequence[PlannedCall], results: Sequence[ToolResult | None]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any] | None]] | None:
+    """The calls, plan rows and results of the common batch, which holds nothing to redact:
+    every call the OpenAI chat shape with JSON text, pass 1's canonical arguments for each,
+    no credential in any of them (one scan for the whole batch) nor in the defaults of
+    their tools. None for any other batch, which `_record_of` builds part by part; both
+    build the same record for a batch this one takes. Plain loops, not comprehensions: in
+    this Python each comprehension is a call of its own, paid for even by a batch of one."""
+    if not len(calls) == len(planned) == len(results):
+        return None
+    fns: list[dict[str, Any]] = []
+    texts: list[str] = []
+    scanned: list[str] = []
+    tools: set[int] | None = None  # asked about their defaults
+    for item, p in zip(calls, planned, strict=False):  # as long as each other: see above
+        fn = item.get("function") if type(item) is dict else None
+        if type(fn) is not dict or type(raw := fn.get("arguments")) is not str or not raw or p.sent is None:
+            return None
+        fns.append(fn)
+        texts.append(raw)
+        scanned.append(raw)
+        scanned.append(p.sent)
+        tool = p.tool
+        if tool is not None and tool.defaults and (tools is None or id(tool) not in tools):
+            if _defaults_may_hold_credentials(tool.defaults):
+                return None
+            tools = tools or set()
+            tools.add(id(tool))
+    if may_hold_credentials("\x00".join(scanned)):  # as `_none_may_hold_credentials`
+        return None
+    recorded_calls: list[dict[str, Any]] = []
+    plan_rows: list[dict[str, Any]] = []
+    recorded_results: list[dict[str, Any] | None] = []
+    status_text = _STATUS_TEXT
+    for item, fn, raw, p, r in zip(calls, fns, texts, planned, results, strict=False):
+        recorded_calls.append(
+            {"id": str(item.get("id", "")), "name": str(fn.get("name", "")), "arguments": raw}
+        )
+        ran = p.leader is None and p.outcome is None
+        how = ("unfinished" if r is None else "ran") if ran else _how(p, r)
+        plan_rows.append({"name": p.name, "key": p.key, "how": how})
+        if type(r) is ToolResult:
+            recorded_results.append(
+                {  # ToolResult.to_json, field for field
+                    "call_id": r.call_id,
+                    "name": r.name,
+                    "status": status_text[r.status],
+                    "content": r.content,
+                    "retryable": r.retryable,
+                    "effect_uncertain": r.effect_uncertain,
+                    "cached": r.cached,
+                    "deduped": r.deduped,
+                    "started": r.started,
+                    "duration": r.duration,
+                }
+            )
+        else:  # none, or a subclass of ToolResult, which may say more in its to_json
+            recorded_results.append(None if r is None else _result_json(r, set()))
+    return recorded_calls, plan_rows, recorded_results
+
+
 def _result_json(result: ToolResult, secrets: set[str]) -> dict[str, Any]:
     recorded = result.to_json()
     recorded["content"] = redact_text(result.content, secrets)
@@ -392,6 +465,12 @@ _IDLE_SECONDS = 1.0  # a writer thread with nothing to write ends after this lon
 _CLOSE_WAIT = 5.0  # how long `close()` (and the interpreter's exit) waits for a stalled disk
 _LINGER = 0.002  # with `wait=False`, how long a writer gathers lines before it writes them
 _MOST_QUEUED = 1000  # with `wait=False`, lines waiting to be written before batches wait again
+WRITE_STALL = 0.1
+"""A line written on the event loop that takes longer than this (seconds) sends lines to
+the writer thread for `WRITE_PAUSE`."""
+WRITE_PAUSE = 10.0
+"""... for this long (seconds): a disk that stalls holds the loop up once in every
+`WRITE_PAUSE`, for as long as that one write waits."""
 
 
 def _nobody() -> None:
@@ -448,8 +527,8 @@ if hasattr(os, "register_at_fork"):
 
 class Recorder:
     """Appends a session's batches to a JSONL file, each line chained to the one before.
-    A session hands each batch to the recorder's own writer thread (`submit`), so that
-    encoding and the disk never hold up the event loop."""
+    A session hands each batch to `submit`, which writes its line on the loop's thread or
+    hands it to the recorder's own writer thread (the module says when)."""
 
     def __init__(
         self,
@@ -487,6 +566,8 @@ class Recorder:
         self.fsync = fsync
         self.wait = wait
         self._fd: int | None = None  # open for the session, between batches too
+        self._named_fd: int | None = None  # `_fd`, just now seen still named
+        self._fd_regular = False  # `_fd` is a regular file (not a FIFO, a socket, a terminal)
         self._closer: weakref.finalize[Any, Any] | None = None
         self._writer_state()
         _RECORDERS.add(self)
@@ -497,17 +578,28 @@ class Recorder:
         self._writer: threading.Thread | None = None
         self._writer_lock = threading.Lock()
         self._unwritten = 0  # jobs handed to the writer and not yet done
+        self._here_until = 0.0  # monotonic time before which no line is written on the loop
 
     def submit(self, **batch: Any) -> Callable[[], Awaitable[Any]] | None:
-        """Hand `record_batch(**batch)` to this recorder's writer thread, from the loop: what
-        to call and await until the line is written (synced, with `fsync`), or None when
-        the batch need not wait (see `wait`). Never raises: a writer that cannot start
-        stops the recording."""
+        """Record a batch, from the loop: `record_batch(**batch)` here (see `_write_here`),
+        or handed to this recorder's writer thread. What to call and await until the line
+        is written (synced, with `fsync`), or None when there is nothing to wait for (the
+        line is written, or the batch need not wait: see `wait`). Never raises: a writer
+        that cannot start stops the recording."""
         if self.problem is not None:
             return None  # the recording stopped: nothing to write, nothing to wait for
         copied = None if self.wait or self.fsync else _copied_calls(batch["calls"], batch["decisions"])
         if copied is not None and self._unwritten < _MOST_QUEUED:
             self._hand_over(_Job({**batch, "calls": copied}, _nobody))
+            return None
+        if (
+            self._fd is not None
+            and self._fd_regular
+            and not self.fsync
+            and self._unwritten == 0
+            and time.monotonic() >= self._here_until
+            and self._write_here(batch)
+        ):
             return None
         written = _backend.primitives().event()
         post = _backend.poster()
@@ -515,6 +607,39 @@ class Recorder:
             return None
         waiting: Callable[[], Awaitable[Any]] = written.wait
         return waiting
+
+    def _write_here(self, batch: Mapping[str, Any]) -> bool:
+        """Build and write a batch's line on the loop's thread, if the file it goes to is open
+        and still named (False: it is not, and the writer thread opens the file anew). A
+        `write` to a regular file already open, which the system takes into memory at once,
+        costs less than waking the writer thread and being woken by it; opening a file,
+        which may block (a hung network mount), and writing to a FIFO, a socket or a
+        terminal, which waits for its reader, are left to the thread. Should the line take
+        over `WRITE_STALL` seconds (a disk that stalls), batches go to the writer thread
+        for `WRITE_PAUSE`."""
+        began = time.monotonic()
+        with self._writer_lock:  # nothing else writes meanwhile, not even a drain at exit
+            fd = self._fd
+            try:
+                named = fd is not None and os.fstat(fd).st_nlink > 0  # a file renamed over it unlinks it
+            except OSError:
+                named = False
+            if not named:
+                return False
+            self._named_fd = fd  # `_open` need not look again
+            self.record_batch(**batch)
+            self._named_fd = None
+        took = time.monotonic() - began
+        if took > WRITE_STALL:
+            self._here_until = began + WRITE_PAUSE
+            log.info(
+                "the recording %s took %.1f ms to take a line on the event loop: lines go to "
+                "its writer thread for %g s",
+                self.path,
+                took * 1e3,
+                WRITE_PAUSE,
+            )
+        return True
 
     def _hand_over(self, job: _Job) -> bool:
         try:
@@ -568,14 +693,14 @@ class Recorder:
     def _write_burst(self, burst: list[_Job]) -> None:
         """Write the jobs of `burst` in order, then tell each that it is done (a closing job
         closes the file after the lines before it are written)."""
-        records: list[dict[str, Any]] = []
+        records: list[tuple[dict[str, Any], bool]] = []
         done: list[_Job] = []
         try:
             for job in burst:
                 done.append(job)
                 if job.batch is not None and self.problem is None:
                     try:
-                        records.append(self._batch_record(**job.batch))
+                        records.append(self._record_of(**job.batch))
                     except Exception as exc:  # as record_batch: the lines before it are kept
                         self._append_all(records)
                         records = []
@@ -617,6 +742,7 @@ class Recorder:
         if self._closer is not None:
             self._closer()
         self._fd = self._closer = None
+        self._fd_regular = False
 
     def _forked(self) -> None:
         """In a child process after `fork`: the file and its chain are the parent's, and a
@@ -683,9 +809,9 @@ class Recorder:
         noticed (one fstat a batch) and the recording goes on in a new one at that path,
         beginning with a header: what was written before is gone with the old file, and
         a chain that went on from it would only be reported broken."""
-        fd = self._fd
+        fd, named, self._named_fd = self._fd, self._named_fd, None
         if fd is not None:
-            if os.fstat(fd).st_nlink:  # still named (a file renamed over it unlinks it)
+            if named == fd or os.fstat(fd).st_nlink:  # still named (a file renamed over it unlinks it)
                 return fd, []
             log.warning("the recording %s was removed or replaced; it starts again with a header", self.path)
             self._close_file()
@@ -699,19 +825,21 @@ class Recorder:
         # and the process's end closes the file anyway
         self._closer.atexit = False
         self._fd = fd
+        self._fd_regular = stat.S_ISREG(os.fstat(fd).st_mode)
         return fd, lines
 
     def _append(self, record: Mapping[str, Any]) -> None:
         """Append one record, numbered and chained (see `_append_all`)."""
-        self._append_all([record])
+        self._append_all([(dict(record), False)])
 
-    def _append_all(self, records: Sequence[Mapping[str, Any]]) -> None:
-        """Append records, numbered and chained, with one `write`. A record that cannot be
-        encoded (a structure too deep) is not written, nor is anything after it; a write
-        that fails (a full disk, a folder gone) is logged once and ends the recording:
-        what is on disk stays a readable prefix of the session (replay reports a cut last
-        line as truncated), and the batches' results still reach the caller, since their
-        tools have run."""
+    def _append_all(self, records: Sequence[tuple[dict[str, Any], bool]]) -> None:
+        """Append records, numbered and chained, with one `write`: each a (record, whether
+        `_plain_record` built it) whose record is the recorder's own, given its `seq` and
+        `prev` in place. A record that cannot be encoded (a structure too deep) is not
+        written, nor is anything after it; a write that fails (a full disk, a folder gone)
+        is logged once and ends the recording: what is on disk stays a readable prefix of
+        the session (replay reports a cut last line as truncated), and the batches' results
+        still reach the caller, since their tools have run."""
         if self.problem is not None or not records:
             return
         failed: Exception | None = None
@@ -719,16 +847,23 @@ class Recorder:
             fd, lines = self._open()
             assert self._seq is not None
             seq, prev = self._seq, self._prev
-            for record in records:
+            for record, plain in records:
+                seq += 1
+                record["seq"], record["prev"] = seq, prev
                 try:
-                    encoded = encode_line({**record, "seq": seq + 1, "prev": prev})
+                    encoded = encode_line(record, finite=plain)
                 except Exception as exc:
                     failed = exc
+                    seq -= 1
                     break
                 lines.append(encoded)
-                seq, prev = seq + 1, line_hash(encoded)
+                prev = line_hash(encoded)
             if lines:
-                data = b"\n".join(lines) + b"\n"
+                data = lines[0] + b"\n" if len(lines) == 1 else b"\n".join(lines) + b"\n"
+                # before the write: a KeyboardInterrupt on the loop's thread that comes while
+                # the line is being written is raised as the write returns, and the line it
+                # left in the file must not be numbered again by the next record
+                self._seq, self._prev = seq, prev
                 written = os.write(fd, data)
                 while written < len(data):  # a short write (a signal, a nearly full disk): the rest
                     written += os.write(fd, data[written:])
@@ -736,8 +871,6 @@ class Recorder:
                     os.fsync(fd)
         except Exception as exc:  # OSError: a full disk, a folder gone
             failed = exc
-        else:
-            self._seq, self._prev = seq, prev
         if failed is not None:
             # the batch goes on; the recording stops
             self._stop(failed)
@@ -765,11 +898,11 @@ class Recorder:
         if self.problem is not None:
             return
         try:
-            record = self._batch_record(run_id, round, calls, plan, results, decisions, control, all_loaded)
+            built = self._record_of(run_id, round, calls, plan, results, decisions, control, all_loaded)
         except Exception as exc:
             self._stop(exc)
             return
-        self._append(record)
+        self._append_all([built])
 
     def _batch_record(
         self,
@@ -782,6 +915,38 @@ class Recorder:
         control: BaseException | None,
         all_loaded: bool,
     ) -> dict[str, Any]:
+        """The record of one batch, as its line holds it (less `seq` and `prev`)."""
+        return self._record_of(run_id, round, calls, plan, results, decisions, control, all_loaded)[0]
+
+    @staticmethod
+    def _record_of(
+        run_id: int,
+        round: int,
+        calls: Sequence[Any],
+        plan: Plan,
+        results: Sequence[ToolResult | None],
+        decisions: Mapping[str, Decision],
+        control: BaseException | None,
+        all_loaded: bool = False,
+    ) -> tuple[dict[str, Any], bool]:
+        """(`_batch_record`, whether `_plain_record` built it: the common batch, built in one
+        pass, whose calls and decisions hold no float for `encode_line` to look for)."""
+        if not decisions:
+            common = _plain_record(calls, plan.calls, results)
+            if common is not None:
+                rows_calls, rows_plan, rows_results = common
+                record = {
+                    "type": "batch",
+                    "run": run_id,
+                    "round": round,
+                    "all_loaded": all_loaded,
+                    "calls": rows_calls,
+                    "decisions": {},
+                    "plan": rows_plan,
+                    "results": rows_results,
+                    "control": None if control is None else type(control).__name__,
+                }
+                return record, True
         secrets: set[str] = set()  # filled by the redaction of calls, decisions and keys
         # the common batch holds no credential anywhere: one scan says so for every call
         texts = [_openai_arguments(c) for c in calls]
@@ -800,7 +965,7 @@ class Recorder:
             {"name": p.name, "key": _recorded_key(p, secrets, clean=keys_clean), "how": _how(p, r)}
             for p, r in zip(plan.calls, results, strict=True)
         ]
-        return {
+        record = {
             "type": "batch",
             "run": run_id,
             "round": round,
@@ -811,6 +976,7 @@ class Recorder:
             "results": [None if r is None else _result_json(r, secrets) for r in results],
             "control": None if control is None else type(control).__name__,
         }
+        return record, False
 
 
 # --- reading ----------------------------------------------------------------------------

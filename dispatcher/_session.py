@@ -506,10 +506,11 @@ class Session:
         executor: Executor,
         all_loaded: bool,
     ) -> Callable[[], Awaitable[Any]] | None:
-        """Hand the batch to the recording's writer thread, which builds, encodes and writes
-        its line: a large batch, and a disk that stalls (or syncs, with record_fsync), must
-        not hold up the other sessions' calls. What to call and await until the line is in
-        the file, or None (no recording, or one that does not wait)."""
+        """Hand the batch to the recording, which writes its line on the loop's thread once
+        its file is open, or hands it to its writer thread (opening the file, syncing with
+        record_fsync, a disk that stalls), which must not hold up the other sessions' calls.
+        What to call and await until the line is in the file, or None (no recording, a line
+        already written, or a recording that does not wait)."""
         recorder = self.recorder
         if recorder is None:
             return None
