@@ -69,6 +69,7 @@ from ._exceptions import DispatchInterrupted, HookBlocked
 from ._plan import FIND_TOOLS, STOPPED_KEY, FinishedCall, Plan, PlannedCall, call_key, canonical_json
 from ._registry import Registry
 from ._results import normalize_output
+from ._session import Session
 from ._types import Allow, Answer, Decision, Deny, Interrupt, Status, ToolCall, ToolContext, ToolResult
 
 if TYPE_CHECKING:
@@ -1513,7 +1514,25 @@ async def replay(
 
     if not recording.batches:  # nothing to replay (or a header that says nothing usable)
         return report(0, 0, None)
-    session = dispatcher.session(f"replay:{header.get('session', '')}", mode=header.get("mode", "deferred"))
+    # a session of its own, in no session store and not among the dispatcher's: a replay
+    # starts from nothing each time, whatever ran through this dispatcher before
+    session = Session(
+        dispatcher, f"replay:{header.get('session', '')}", mode=header.get("mode", "deferred"), kept=False
+    )
+    try:
+        return await _replay_batches(recording, dispatcher, session, report)
+    finally:
+        session.close()
+
+
+async def _replay_batches(
+    recording: _Recording,
+    dispatcher: Dispatcher,
+    session: Session,
+    report: Callable[[int, int, Divergence | None], ReplayReport],
+) -> ReplayReport:
+    """The batches of `recording` through `session`, compared one by one."""
+    header = recording.header
     calls_seen = 0
     continues = header.get("continues")
     last_run = continues.get("run") if isinstance(continues, dict) else None

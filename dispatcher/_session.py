@@ -438,7 +438,6 @@ class Session:
             land(effects, self._planner_state, self.history, run_id=self._run_id, round=self._round)
             if effects.invalidations:
                 d._moved(effects.invalidations, by=self)
-            recorded = self._record(effects, calls, plan, gate_decisions, executor, all_loaded)
             if (store is not None and (effects.invalidations or effects.cache_writes)) or (
                 effects.errors and d.error_store is not None
             ):
@@ -459,9 +458,11 @@ class Session:
                         t2,
                     )
                     await self._tell_batch(event)
+            # last, so that a Ctrl-C while a line is written on the loop's thread costs nothing
+            # else of pass 3; the wait is not shielded: a line handed over gets written either
+            # way, and a cancelled batch need not wait for a disk that stalls
+            recorded = self._record(effects, calls, plan, gate_decisions, executor, all_loaded)
             if recorded is not None:
-                # last, and not shielded: the line is handed over and gets written either way,
-                # and a cancelled batch need not wait for a disk that stalls
                 await recorded()
         if want_events:
             await self._deliver(effects.events)

@@ -749,3 +749,24 @@ async def test_a_recording_replaced_between_batches_goes_on_in_the_new_file(tmp_
     records = _records(path)
     assert [r["type"] for r in records] == ["header", "batch"]
     assert records[1]["calls"][0]["id"] == "2"
+
+
+async def test_a_recording_replays_again_and_again_through_one_dispatcher(tmp_path: Path) -> None:
+    """Each replay starts from nothing: a second one through the same Dispatcher does not
+    find the first one's remembered calls (which would serve the repeated call deduped
+    where the recording says it ran), and a session store is neither read nor written."""
+    from cache import MemorySessionStore
+
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(fake_registry(Counter(), {})).session("s", record=path)
+    await s.dispatch([call("a", "echo", text="x")])
+    s.new_run()
+    await s.dispatch([call("b", "echo", text="x")])  # the same call in a new run: it runs
+    s.close()
+    store = MemorySessionStore()
+    d = Dispatcher(fake_registry(Counter(), {}), session_store=store)
+    for _ in range(3):
+        report = await replay(path, d)
+        assert report.ok and report.calls == 2, report
+    assert (await store.load("replay:s")).snapshot is None
+    assert len(d.session("replay:s").history) == 0  # no replay left its session among the dispatcher's
