@@ -963,14 +963,16 @@ def group_calls(calls: Sequence[PlannedCall]) -> tuple[tuple[int, ...], ...]:
                 current, group_reads, group_writes = [], [], []
             groups.append((c.index,))
             continue
-        clash = bool(group_writes) and resources_overlap(c.reads | c.writes, group_writes)
-        clash = clash or (bool(c.writes) and resources_overlap(c.writes, group_reads))
-        if clash and current:
-            groups.append(tuple(current))
-            current, group_reads, group_writes = [], [], []
+        reads, writes = c.reads, c.writes
+        if reads or writes:  # a call that touches nothing clashes with nothing
+            clash = bool(group_writes) and resources_overlap(reads | writes, group_writes)
+            clash = clash or (bool(writes) and resources_overlap(writes, group_reads))
+            if clash and current:
+                groups.append(tuple(current))
+                current, group_reads, group_writes = [], [], []
+            group_reads.extend(reads)
+            group_writes.extend(writes)
         current.append(c.index)
-        group_reads.extend(c.reads)
-        group_writes.extend(c.writes)
     if current:
         groups.append(tuple(current))
     return tuple(groups)
