@@ -74,6 +74,7 @@ __all__ = [
     "redact",
     "redact_arguments",
     "redact_collecting",
+    "redact_json_text",
     "redact_text",
     "url_credentials",
 ]
@@ -329,17 +330,101 @@ class _Redactor:
 
     def body(self, body: str, request: Mapping[Any, Any]) -> str:
         try:
-            parsed = json.loads(body)
-        except ValueError:
-            parsed = None
+            parsed, repeated = _loads_noting_repeats(body)
+        except (ValueError, RecursionError):
+            parsed, repeated = None, False
         if isinstance(parsed, dict | list):
             redacted = self.walk(parsed)
-            return body if redacted == parsed else json.dumps(redacted, ensure_ascii=False)
+            # a key given twice: what the first one held is not in `parsed`, so the text is
+            # written anew from what was read
+            return body if redacted == parsed and not repeated else json.dumps(redacted, ensure_ascii=False)
         if _FORM.fullmatch(body):
             return self.query(body)
         if is_marker(body) or not carries_credentials(request):
             return body
         return self.hide(body)
+
+
+def _loads_noting_repeats(text: str) -> tuple[Any, bool]:
+    """`json.loads(text)`, and whether some object in it gives a key twice (json keeps the
+    last: what the others held is in the text and nowhere in the value)."""
+    repeated = False
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal repeated
+        made = dict(items)
+        if len(made) != len(items):
+            repeated = True
+        return made
+
+    return json.loads(text, object_pairs_hook=pairs), repeated
+
+
+# in JSON text that does not parse: a quoted name, a colon, and a quoted text or a bare word
+_NAMED_VALUE: Final = re.compile(r'"((?:[^"\\]|\\.)*)"(\s*:\s*)("(?:[^"\\]|\\.)*"?|[^\s,{}\[\]"]+)')
+_URL_IN_TEXT: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
+
+
+def redact_json_text(text: str) -> tuple[str, frozenset[str]]:
+    """Arguments (or any JSON) given as text, with their credentials replaced, and the
+    secrets hidden. Text that holds none comes back as it is, byte for byte. What parses is
+    redacted as a value and written anew (also when a key is given twice, since json keeps
+    only the last one's value and the earlier ones' would stay in the text); what does not
+    parse keeps every byte but the values of credential names and the credentials of URLs."""
+    if not may_hold_credentials(text):
+        return text, frozenset()
+    walker = _Redactor()
+    try:
+        parsed, repeated = _loads_noting_repeats(text)
+    except (ValueError, RecursionError):
+        return _redact_unparsed(text, walker), frozenset(walker.secrets)
+    redacted = walker.walk(parsed)
+    if redacted == parsed and not repeated:
+        return text, frozenset(walker.secrets)
+    return json.dumps(redacted, ensure_ascii=False), frozenset(walker.secrets)
+
+
+def _redact_unparsed(text: str, walker: _Redactor) -> str:
+    """Text that is not JSON (cut short, say): the value after each credential name, and
+    the credentials in each URL, replaced by stand-ins of the same length (a marker cut or
+    padded to it); every other byte kept, so that reading it again fails where it did."""
+    spans: list[tuple[int, int, str]] = []
+    for match in _NAMED_VALUE.finditer(text):
+        if not is_credential_name(match.group(1)):
+            continue
+        start, end = match.span(3)
+        value = match.group(3)
+        if value.startswith('"'):
+            start += 1
+            if len(value) > 1 and value.endswith('"'):
+                end -= 1
+        if end > start:
+            walker.hide(text[start:end])
+            spans.append((start, end, _same_length(text[start:end])))
+    for match in _URL_IN_TEXT.finditer(text):
+        url = match.group(0)
+        inside = _Redactor()  # what this URL holds, whatever was found before it
+        inside.url(url)
+        walker.secrets.update(inside.secrets)
+        for secret in sorted(inside.secrets, key=len, reverse=True):
+            url = url.replace(secret, _same_length(secret))
+        if url != match.group(0):
+            spans.append((match.start(), match.end(), url))
+    out: list[str] = []
+    at = 0
+    for start, end, stand_in_text in sorted(spans):
+        if start < at:
+            continue  # inside one replaced already (a URL under a credential's name)
+        out.append(text[at:start])
+        out.append(stand_in_text)
+        at = end
+    out.append(text[at:])
+    return "".join(out)
+
+
+def _same_length(secret: str) -> str:
+    """A stand-in for `secret` as long as it, of letters, digits, dots and dashes only."""
+    return (redact(secret) + "x" * len(secret))[: len(secret)]
 
 
 def redact_arguments(args: Mapping[str, Any]) -> dict[str, Any]:

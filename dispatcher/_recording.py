@@ -36,9 +36,13 @@ reported as a `Divergence`.
 No secret is written (`_credentials` says what counts as one): arguments, gate
 decisions and the plan's keys are those of the redacted arguments, and each secret of a
 batch that a result echoes (at least `MIN_ECHO_LENGTH` characters) is replaced in that
-result's text by its marker. A call's arguments that are a JSON text which is not an
-object are kept as they are. Replay treats the calls and results it makes the same way
-before comparing, so the same secret matches and a different one diverges. The file is
+result's text by its marker. A call's arguments given as JSON text stay that text unless
+they hold a credential: then they are written anew from what they hold, redacted (a key
+given twice included, whose first value json drops), or, if they do not parse, with the
+values of credential names and the credentials of URLs replaced in place by stand-ins of
+the same length (so that they fail to parse where they did). Replay treats the calls and
+results it makes the same way before comparing, so the same secret matches and a
+different one diverges. The file is
 created 0600; the chain hashes each line as written, after redaction.
 """
 
@@ -64,7 +68,7 @@ import orjson
 import xxhash
 
 from . import _backend
-from ._credentials import may_hold_credentials, redact_collecting, redact_text
+from ._credentials import may_hold_credentials, redact_collecting, redact_json_text, redact_text
 from ._exceptions import DispatchInterrupted, HookBlocked
 from ._plan import FIND_TOOLS, STOPPED_KEY, FinishedCall, Plan, PlannedCall, call_key, canonical_json
 from ._registry import Registry
@@ -231,16 +235,9 @@ def _redacted(arguments: Any, secrets: set[str]) -> Any:
     Arguments given as JSON text stay text (rewritten only when they hold a credential);
     arguments that are neither text nor a mapping are left for `_json_safe`."""
     if isinstance(arguments, str):
-        if not may_hold_credentials(arguments):
-            return arguments
-        try:
-            parsed = json.loads(arguments)
-        except (ValueError, RecursionError):
-            return arguments
-        if not isinstance(parsed, dict):
-            return arguments
-        redacted = _redacted(parsed, secrets)
-        return arguments if redacted == parsed else json.dumps(redacted, ensure_ascii=False)
+        text, found = redact_json_text(arguments)
+        secrets.update(found)
+        return text
     if not isinstance(arguments, Mapping):
         return arguments
     try:

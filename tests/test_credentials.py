@@ -27,6 +27,7 @@ from dispatcher._credentials import (
     is_marker,
     redact,
     redact_arguments,
+    redact_json_text,
     redact_text,
     url_credentials,
 )
@@ -357,3 +358,63 @@ async def test_a_recording_with_a_numeric_credential_replays(tmp_path: Path) -> 
     assert r.ok and "918273" not in path.read_text()
     report = await replay(path, Dispatcher(reg))
     assert report.ok, report
+
+
+# --- arguments given as JSON text --------------------------------------------------------
+
+TEXT_SECRET = "sk-live-abcdefghijklmnop123456"
+
+
+@pytest.mark.parametrize(
+    ("text", "seen"),
+    [
+        # a key given twice: json keeps the last, the first one's secret stays in the text
+        ('{"headers": {"Authorization": "Bearer %s"}, "headers": {}}', False),
+        ('{"body": "{\\"password\\": \\"%s\\", \\"password\\": 1}"}', False),
+        # JSON that is not an object
+        ('[{"api_key": "%s"}]', True),
+        ('"https://user:%s@example.com/"', True),
+        # text that does not parse
+        ('{"api_key": "%s", ', True),
+        ('{"api_key": "%s', True),
+        ('{"url": "https://user:%s@example.com/?x=1", ', True),
+        ('{"token": "%s", "n": 1 2}', True),
+    ],
+)
+def test_json_text_never_keeps_a_secret(text: str, seen: bool) -> None:
+    """Whatever the text, the secret is not in what is written; where it can be read, it is
+    among the secrets found (for a result that echoes it). A key given twice loses its first
+    value to json, which is not read then, but not written either."""
+    redacted, found = redact_json_text(text % TEXT_SECRET)
+    assert TEXT_SECRET not in redacted
+    assert (TEXT_SECRET in found) is seen
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"api_key": "%s", ', '{"token": "%s", "n": 1 2}', '{"url": "https://u:%s@h/x" "y": 1}', '{"key": [1,'],
+)
+def test_text_that_does_not_parse_fails_where_it_did(text: str) -> None:
+    """Stand-ins of a secret's length: reading the redacted text fails at the same place,
+    so a replay of the call says what the live call said."""
+    original = text % TEXT_SECRET if "%s" in text else text
+    redacted, _ = redact_json_text(original)
+    assert len(redacted) == len(original) and TEXT_SECRET not in redacted
+    with pytest.raises(json.JSONDecodeError) as live:
+        json.loads(original)
+    with pytest.raises(json.JSONDecodeError) as again:
+        json.loads(redacted)
+    assert (again.value.msg, again.value.pos) == (live.value.msg, live.value.pos)
+
+
+@pytest.mark.parametrize(
+    "text", ['{"path": "a.txt"}', '{"a": 1, "a": 2}', '{"note": "key"}', '{"path": "a.txt", ', "[1, 2]"]
+)
+def test_json_text_without_a_secret_is_kept_byte_for_byte(text: str) -> None:
+    assert redact_json_text(text) == (text, frozenset())
+
+
+def test_a_key_given_twice_is_written_as_json_read_it() -> None:
+    """Where a credential could be, a text that gives a key twice is written anew from what
+    json read (the last value): what the first held is gone from the text, as from the call."""
+    assert redact_json_text('{"note": "key", "note": "x"}') == ('{"note": "x"}', frozenset())

@@ -770,3 +770,31 @@ async def test_a_recording_replays_again_and_again_through_one_dispatcher(tmp_pa
         assert report.ok and report.calls == 2, report
     assert (await store.load("replay:s")).snapshot is None
     assert len(d.session("replay:s").history) == 0  # no replay left its session among the dispatcher's
+
+
+async def test_arguments_text_that_hides_a_secret_from_json_is_recorded_without_it(tmp_path: Path) -> None:
+    """Arguments text where json alone would not see the secret — a key given twice, JSON
+    that is not an object, text cut short — is recorded without it, and replays clean."""
+    secret = "sk-live-abcdefghijklmnop123456"
+    schema = {"type": "object", "properties": {"headers": {"type": "object"}, "url": {"type": "string"}}}
+
+    async def fetch(args: Mapping[str, Any], ctx: Any) -> str:
+        return "fetched"
+
+    def registry() -> Registry:
+        return Registry([Tool("fetch", "Fetch.", fetch, schema, deferred=False)])
+
+    texts = [
+        '{"headers": {"Authorization": "Bearer %s"}, "headers": {}}',
+        '[{"api_key": "%s"}]',
+        '{"api_key": "%s", ',
+        '{"url": "https://user:%s@example.com/", ',
+    ]
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(registry()).session("s", record=path, mode="direct")
+    for n, text in enumerate(texts):
+        await s.dispatch([openai_call(f"c{n}", "fetch", text % secret)])
+    s.close()
+    assert secret not in path.read_text()
+    report = await replay(path, Dispatcher(registry()))
+    assert report.ok and report.calls == len(texts), report
