@@ -358,10 +358,12 @@ def render(figures: Mapping[str, Any]) -> str:
             for size, row in rec.items()
         ),
         "",
-        "On: the default, each batch returns once its line is in the file (the session's writer",
-        "thread builds and writes it; the batch waits for that thread's word). wait=False",
-        "(`record_wait=False`): a batch returns once its line is handed to the writer.",
-        "Each is measured against its own rounds of the session without a recording.",
+        "On: the default, each batch returns once its line is in the file (built and written on",
+        "the loop's thread once the file is open; its writer thread opens the file and takes",
+        "over from a disk that stalls). wait=False (`record_wait=False`): a batch returns once",
+        "its line is handed to the writer thread. Each is measured against its own rounds of",
+        "the session without a recording; with wait=False the writer's work can fall in the",
+        "next round without one, so that ratio reads a little low.",
     ]
     rp = figures["replay"]
     lines += [
