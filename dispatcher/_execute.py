@@ -641,37 +641,10 @@ class Executor:
             slot.running, slot.deadline = None, math.inf  # slot.idle()
             if slot.cut:  # the watchdog cut it at its deadline, and it swallowed that
                 self.results[index] = self._timed_out(planned, timeout, started, t0)
-            elif type(value) is str and value.isascii() and len(value) * 4 <= self._max_out:
-                # `_returned` for the commonest value: text that needs neither mending nor a cut
-                duration = time.monotonic() - t0
-                if duration > timeout:
-                    self.results[index] = self._timed_out(planned, timeout, started, t0)
-                else:
-                    self.results[index] = new_result(
-                        planned.call_id,
-                        planned.name,
-                        _OK,
-                        value,
-                        False,
-                        False,
-                        False,
-                        False,
-                        started,
-                        duration,
-                    )
             else:
                 self.results[index] = self._returned(planned, value, timeout, started, t0, True)
-        except HookBlocked as exc:  # raised by the tool: run control, as `_run_call` collects it
-            slot.idle()
-            self._block(planned, exc)
-        except DispatchInterrupted as exc:
-            slot.idle()
-            self.control.interrupted[index] = exc
         except BaseException as exc:
-            try:
-                self.results[index] = self._raised(planned, slot, exc, started, t0)
-            except KeyboardInterrupt as keyboard:
-                self.control.keyboard[index] = keyboard
+            self._land_raised(planned, slot, exc, started, t0)
         finally:
             limiter = self._limiter
             if self._waiting(limiter):  # `_done_with`: someone waits, so the slot goes back
@@ -713,34 +686,10 @@ class Executor:
                 late = scope.cancelled_caught
             if late or self._now() >= deadline:  # cut short, or it swallowed that and returned after
                 self.results[index] = self._timed_out(planned, timeout, started, t0)
-            elif type(value) is str and value.isascii() and len(value) * 4 <= self._max_out:
-                duration = time.monotonic() - t0
-                if duration > timeout:
-                    self.results[index] = self._timed_out(planned, timeout, started, t0)
-                else:
-                    self.results[index] = new_result(
-                        planned.call_id,
-                        planned.name,
-                        _OK,
-                        value,
-                        False,
-                        False,
-                        False,
-                        False,
-                        started,
-                        duration,
-                    )
             else:
                 self.results[index] = self._returned(planned, value, timeout, started, t0, True)
-        except HookBlocked as exc:  # raised by the tool: run control, as `_run_call` collects it
-            self._block(planned, exc)
-        except DispatchInterrupted as exc:
-            self.control.interrupted[index] = exc
         except BaseException as exc:
-            try:
-                self.results[index] = self._raised(planned, None, exc, started, t0)
-            except KeyboardInterrupt as keyboard:
-                self.control.keyboard[index] = keyboard
+            self._land_raised(planned, None, exc, started, t0)
         finally:
             del holding[borrower]
             limiter.release_on_behalf_of(borrower)
@@ -751,6 +700,11 @@ class Executor:
     ) -> ToolResult:
         """The result of a handler that returned `value`."""
         duration = time.monotonic() - t0
+        if type(value) is str and duration <= timeout and value.isascii() and len(value) * 4 <= self._max_out:
+            # the commonest value: text that needs neither mending nor a cut
+            return new_result(
+                planned.call_id, planned.name, _OK, value, False, False, False, False, started, duration
+            )
         if duration > timeout and is_async:
             # it held the loop (or swallowed its cancellation) past its timeout: what it
             # returned came too late to count (a nested sync call is not cut short at its
@@ -760,6 +714,25 @@ class Executor:
         return new_result(
             planned.call_id, planned.name, _OK, content, False, False, False, False, started, duration
         )
+
+    def _land_raised(
+        self, planned: PlannedCall, slot: _Slot | None, exc: BaseException, started: float, t0: float
+    ) -> None:
+        """What `_run_call` makes of a handler's exception, for the one-frame paths: run
+        control collected, a failure the call's result, cancellation raised again."""
+        if isinstance(exc, HookBlocked):  # raised by the tool: run control
+            if slot is not None:
+                slot.idle()
+            self._block(planned, exc)
+        elif isinstance(exc, DispatchInterrupted):
+            if slot is not None:
+                slot.idle()
+            self.control.interrupted[planned.index] = exc
+        else:
+            try:
+                self.results[planned.index] = self._raised(planned, slot, exc, started, t0)
+            except KeyboardInterrupt as keyboard:
+                self.control.keyboard[planned.index] = keyboard
 
     def _raised(
         self, planned: PlannedCall, slot: _Slot | None, exc: BaseException, started: float, t0: float
