@@ -175,6 +175,17 @@ class _Slot:
         self.running = None
 
 
+def _shortest_timeout(group: Sequence[PlannedCall], default: float) -> float:
+    """The smallest timeout among a group's calls (`Executor._timeout_of` of each)."""
+    shortest = math.inf
+    for planned in group:
+        tool = planned.tool
+        timeout = (tool.tool.timeout if tool is not None else None) or default
+        if timeout < shortest:
+            shortest = timeout
+    return shortest
+
+
 @attrs.define(eq=False)
 class _Crew:
     """The workers of one concurrent group, the calls they share and who supervises them."""
@@ -341,7 +352,7 @@ class Executor:
             done=self._p.event(),
             todo=collections.deque(group),
             most=max(1, int(min(len(group), self._limiter.total_tokens))),
-            shortest=min(self._timeout_of(p) for p in group),
+            shortest=_shortest_timeout(group, self._timeout),
         )
         async with self._p.task_group() as nursery:
             crew.nursery = nursery

@@ -600,13 +600,14 @@ class Planner:
         served its result, writers included: it ran once (and a writer a stopped worker
         left started gets `stopped_result`: it may have run). Before that, the caller's `Answer`
         is the call's result and its `Deny` refuses it, whatever the tool."""
-        decision = self._decisions.get(d.call_id) if self._decisions and not d.duplicate else None
-        if isinstance(decision, Answer):
-            self._answer(d, decision)
-            return False
-        if isinstance(decision, Deny):
-            self.deny(d, decision.reason)
-            return False
+        if self._decisions and not d.duplicate:
+            decision = self._decisions.get(d.call_id)
+            if isinstance(decision, Answer):
+                self._answer(d, decision)
+                return False
+            if isinstance(decision, Deny):
+                self.deny(d, decision.reason)
+                return False
         finished = self._state.finished
         if finished and (done := finished.get(d.call_id)) is not None and done.key in (d.key, STOPPED_KEY):
             served = done.key == d.key
