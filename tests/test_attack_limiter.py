@@ -221,12 +221,15 @@ async def test_a_slot_is_not_kept_while_a_before_hook_waits() -> None:
     """While the next call's before hook waits (an approval, say), its worker holds no slot:
     another session's call that needs one runs at once instead of waiting for the hook."""
     flight = InFlight()
-    hook_over = anyio.Event()
+    hook_over, other_done = anyio.Event(), anyio.Event()
 
     class SlowApproval:
         async def before(self, call: ToolCall, ctx: Any) -> None:
             if "_a2" in call.id:
-                await anyio.sleep(1.0)
+                # waits until the other call has its result, and 1 s at most: past the other
+                # call's queue limit, so a slot kept meanwhile would time it out
+                with anyio.move_on_after(1.0):
+                    await other_done.wait()
                 hook_over.set()
 
     d = Dispatcher(Registry(_tools(flight)), max_concurrent=1, hooks=[SlowApproval()], queue_limit=0.5)
@@ -236,6 +239,7 @@ async def test_a_slot_is_not_kept_while_a_before_hook_waits() -> None:
         await anyio.sleep(0.2)
         [result] = await d.session("other").dispatch([_call("nap", 0.0, "b")])
         seen.append((result.status, hook_over.is_set()))
+        other_done.set()
 
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
@@ -249,12 +253,13 @@ async def test_a_slot_is_not_kept_while_an_after_hook_waits() -> None:
     """While a finished call's after hook waits, its worker holds no slot: another session's
     call runs meanwhile."""
     flight = InFlight()
-    hook_over = anyio.Event()
+    hook_over, other_done = anyio.Event(), anyio.Event()
 
     class SlowAudit:
         async def after(self, call: ToolCall, result: Any, ctx: Any) -> None:
             if call.id == "call_quick_a1":
-                await anyio.sleep(1.0)
+                with anyio.move_on_after(1.0):  # as the before hook above waits
+                    await other_done.wait()
                 hook_over.set()
 
     d = Dispatcher(Registry(_tools(flight)), max_concurrent=1, hooks=[SlowAudit()], queue_limit=0.5)
@@ -264,6 +269,7 @@ async def test_a_slot_is_not_kept_while_an_after_hook_waits() -> None:
         await anyio.sleep(0.2)
         [result] = await d.session("other").dispatch([_call("nap", 0.0, "b")])
         seen.append((result.status, hook_over.is_set()))
+        other_done.set()
 
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:

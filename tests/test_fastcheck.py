@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis_jsonschema import from_schema
 
-from dispatcher import Status, Tool
+from dispatcher import Registry, Status, Tool
 from dispatcher._fastcheck import compile_fast, fast_safe
 from dispatcher._registry import register_check
 
 from ._fakes import done
-from .test_plan import make_planner, make_registry, run_pass1, tc
+from .test_plan import make_planner, run_pass1, tc
 
 # Patterns both inside and outside the subset where jsonschema-rs matches no more than re.
 PATTERNS = [
@@ -110,10 +110,17 @@ VALUES = st.recursive(
 JUNK_OBJECTS = st.dictionaries(st.sampled_from("abcd"), VALUES, max_size=4)
 
 
-def _verdict(schema: dict[str, Any], args: Any) -> bool:
-    """Whether pass 1 lets a call with these arguments through validation."""
-    tool = Tool("checked", "c", done, schema)
-    planner = make_planner(make_registry(tool), all_loaded=True)
+def _checked(schema: dict[str, Any]) -> Registry:
+    """A registry of one tool, `checked`, that takes `schema`: registering it compiles the
+    validators, so a test that asks about many calls under one schema builds it once."""
+    return Registry([Tool("checked", "c", done, schema)])
+
+
+def _verdict(schema: dict[str, Any] | Registry, args: Any) -> bool:
+    """Whether pass 1 lets a call with these arguments through validation (the schema, or
+    the `_checked` registry of it)."""
+    registry = schema if isinstance(schema, Registry) else _checked(schema)
+    planner = make_planner(registry, all_loaded=True)
     p = run_pass1(planner, [tc("checked", args)]).calls[0]
     return p.outcome is None or p.outcome.status is not Status.invalid_arguments
 
@@ -144,8 +151,9 @@ def test_verdicts_equal_jsonschemas(schema: dict[str, Any], data: Any) -> None:
     instance = _draw_instance(data, schema)
     text = json.dumps(instance)
     authority = jsonschema.Draft202012Validator(schema)
-    assert _verdict(schema, text) is authority.is_valid(json.loads(text))
-    assert _verdict(schema, instance) is authority.is_valid(instance)
+    checked = _checked(schema)
+    assert _verdict(checked, text) is authority.is_valid(json.loads(text))
+    assert _verdict(checked, instance) is authority.is_valid(instance)
 
 
 STRINGS = [
@@ -171,8 +179,9 @@ def test_verdicts_equal_jsonschemas_for_every_pattern_and_string() -> None:
     for pattern in PATTERNS:
         schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}
         authority = jsonschema.Draft202012Validator(schema)
+        checked = _checked(schema)
         for text in STRINGS:
-            verdict = _verdict(schema, json.dumps({"a": text}))
+            verdict = _verdict(checked, json.dumps({"a": text}))
             assert verdict is authority.is_valid({"a": text}), (pattern, text)
 
 
@@ -181,8 +190,9 @@ def test_verdicts_equal_jsonschemas_for_multiple_of() -> None:
     for step in (2, 3, 0.1, 0.5, 0.01):
         schema = {"type": "object", "properties": {"a": {"multipleOf": step}}}
         authority = jsonschema.Draft202012Validator(schema)
+        checked = _checked(schema)
         for number in (0, 1, 4, 9, 0.3, 0.7, 1.5, 2.0, 9.0, 1e20, 2**64, 0.07):
-            assert _verdict(schema, json.dumps({"a": number})) is authority.is_valid({"a": number}), (
+            assert _verdict(checked, json.dumps({"a": number})) is authority.is_valid({"a": number}), (
                 step,
                 number,
             )

@@ -29,7 +29,6 @@ import itertools
 import json
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
 from typing import Any
 
 import anyio
@@ -83,6 +82,15 @@ class World:
     """While set, the next `read` or `peek` takes its snapshot, sets `held`, then waits for `hold`."""
 
 
+@attrs.define
+class Stage:
+    """The world the tools act on: the machine's registries are built once per test, since
+    checking their schemas costs more than most examples' steps, and each example puts a
+    fresh world here."""
+
+    world: World = attrs.field(factory=World)
+
+
 def shown(path: str, files: Mapping[str, tuple[str, int]]) -> str:
     """What a read of `path` returns: its text and its version (writes count up)."""
     text, version = files[path]
@@ -109,47 +117,48 @@ def _schema(**props: Any) -> dict[str, Any]:
 PATH_PROP = {"type": "string", "enum": list(PATHS)}
 
 
-def build_registry(world: World) -> Registry:
+def build_registry(stage: Stage) -> Registry:
     """read, read_dir, peek (shared cache), write, gated_write (confirm), spoil (writes, then
     fails), boom (fails), ask and block (interrupt or block the batch from inside; each runs
-    alone) over `world`."""
+    alone) over the world on `stage` when they run."""
 
     def ran(ctx: ToolContext) -> None:
-        world.log.append((ctx.call_id, ctx.tool_name))
+        stage.world.log.append((ctx.call_id, ctx.tool_name))
 
     async def held() -> None:
         """While a race is on, the first read to get here waits for the write to commit."""
+        world = stage.world
         if world.hold is not None and world.held is not None and not world.held.is_set():
             world.held.set()
             await world.hold.wait()
 
     async def read(args: Mapping[str, Any], ctx: ToolContext) -> str:
         ran(ctx)
-        content = shown(args["path"], world.files)
+        content = shown(args["path"], stage.world.files)
         await held()
         return content
 
     async def read_dir(args: Mapping[str, Any], ctx: ToolContext) -> str:
         ran(ctx)
-        return listing(world.files)
+        return listing(stage.world.files)
 
     async def peek(args: Mapping[str, Any], ctx: ToolContext) -> str:
         ran(ctx)
-        content = "peek " + shown(args["path"], world.files)
+        content = "peek " + shown(args["path"], stage.world.files)
         await held()
         return content
 
     def write(args: Mapping[str, Any], ctx: ToolContext) -> str:  # sync: a worker thread
         ran(ctx)
         path = args["path"]
-        version = world.files[path][1] + 1
-        world.files[path] = (args["text"], version)
+        version = stage.world.files[path][1] + 1
+        stage.world.files[path] = (args["text"], version)
         return f"wrote {path}@{version}"
 
     def spoil(args: Mapping[str, Any], ctx: ToolContext) -> str:
         ran(ctx)
         path = args["path"]
-        world.files[path] = ("spoiled", world.files[path][1] + 1)
+        stage.world.files[path] = ("spoiled", stage.world.files[path][1] + 1)
         raise ToolError("spoiled the file halfway")
 
     def boom(args: Mapping[str, Any], ctx: ToolContext) -> str:
@@ -520,31 +529,32 @@ Got = list[ToolResult] | DispatchInterrupted | HookBlocked
 
 
 class KernelMachine(RuleBasedStateMachine):
-    """Real sessions against the reference, one event loop for the whole example."""
+    """Real sessions against the reference. Each example makes its own world, result store,
+    session store and dispatchers; the event loop (`portal`) and the registries, which hold
+    no state of their own, are the test's, made once by `run_machine`."""
 
-    backend = "trio"
     variant = SOLO
+    portal: anyio.from_thread.BlockingPortal
+    stage: Stage
+    registries: Mapping[tuple[int, int], Registry]
+    """One per dispatcher: (worker 0 or 1, dispatcher 1 or 2)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._portal_cm: AbstractContextManager[anyio.from_thread.BlockingPortal] = (
-            anyio.from_thread.start_blocking_portal(self.backend)
-        )
-        self.portal = self._portal_cm.__enter__()
-        self.world = World()
+        self.world = self.stage.world = World()
         store = MemoryResultCache()
         kept = MemorySessionStore() if self.variant.workers else None
 
-        def worker() -> dict[int, Dispatcher]:
+        def worker(w: int) -> dict[int, Dispatcher]:
             return {
-                n: Dispatcher(build_registry(self.world), cache=store, gate=interrupt_every_call,
+                n: Dispatcher(self.registries[w, n], cache=store, gate=interrupt_every_call,
                               session_store=kept)
                 for n in (1, 2)
             }  # fmt: skip
 
-        dispatchers = worker()
+        dispatchers = worker(0)
         self.live = {name: dispatchers[d].session(name) for name, d in self.variant.sessions.items()}
-        others = worker() if self.variant.workers else {}
+        others = worker(1) if self.variant.workers else {}
         self.other = {name: others[d].session(name) for name, d in self.variant.sessions.items() if others}
         """The second worker's object for each session (the WORKERS variant)."""
         self.pinned: dict[str, int] = {}
@@ -553,9 +563,6 @@ class KernelMachine(RuleBasedStateMachine):
         self.last: dict[str, tuple[list[ToolCall], dict[str, Decision], tuple[str, ...]]] = {}
         """Each session's last batch, its decisions, and the calls it is waiting on, if any."""
         self._ids: Iterator[int] = itertools.count(1)
-
-    def teardown(self) -> None:
-        self._portal_cm.__exit__(None, None, None)
 
     # -- driving ----------------------------------------------------------------------------
 
@@ -836,16 +843,21 @@ def run_machine(variant: Variant, backend: str, request: pytest.FixtureRequest, 
     strict xfail, still fails), the machine nearly always finds it: it is marked xfail, not
     strictly (an example that misses the gap is no news), and it stops at the first failure
     instead of shrinking it. Once the gap is closed the machine runs as a plain test."""
-    machine = type(
-        f"KernelMachine_{variant.name}_{backend}", (KernelMachine,), {"variant": variant, "backend": backend}
-    )
     open_gaps = [gap for gap in gaps if KNOWN_GAPS[gap]()]
     chosen = MACHINE_SETTINGS
     if open_gaps:
         reasons = "; ".join(GAP_REASONS[gap] for gap in open_gaps)
         request.applymarker(pytest.mark.xfail(strict=False, reason=f"finds the known gap: {reasons}"))
         chosen = settings(MACHINE_SETTINGS, phases=(Phase.explicit, Phase.reuse, Phase.generate))
-    run_state_machine_as_test(machine, settings=chosen)
+    stage = Stage()
+    registries = {(w, n): build_registry(stage) for w in (0, 1) for n in (1, 2)}
+    with anyio.from_thread.start_blocking_portal(backend) as portal:
+        machine = type(
+            f"KernelMachine_{variant.name}_{backend}",
+            (KernelMachine,),
+            {"variant": variant, "portal": portal, "stage": stage, "registries": registries},
+        )
+        run_state_machine_as_test(machine, settings=chosen)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -892,7 +904,7 @@ def test_a_read_racing_a_write_keeps_every_promise(backend: str, request: pytest
 async def read_after_another_sessions_write() -> tuple[ToolResult, list[str]]:
     """p reads a; q (same dispatcher) writes a; p reads a again: the read and what ran."""
     world = World()
-    d = Dispatcher(build_registry(world))
+    d = Dispatcher(build_registry(Stage(world)))
     p, q = d.session("p"), d.session("q")
     await p.dispatch([ToolCall("r1", "read", {"path": A})])
     await q.dispatch([ToolCall("w1", "write", {"path": A, "text": "new"})])
@@ -904,7 +916,7 @@ async def read_after_a_racing_read(tool: str, again_in: str) -> tuple[ToolResult
     """`tool` on a in p takes its snapshot; q (same dispatcher, same store) writes a and
     commits; the read returns; then `tool` on a again in session `again_in`."""
     world = World()
-    d = Dispatcher(build_registry(world), cache=MemoryResultCache())
+    d = Dispatcher(build_registry(Stage(world)), cache=MemoryResultCache())
     sessions = {"p": d.session("p"), "q": d.session("q")}
     first = ToolCall("r1", tool, {"path": A})
     await race_read_and_write(
@@ -953,7 +965,7 @@ async def resume_after_a_changed_approval() -> tuple[ToolResult, list[str]]:
     g writes and q interrupts; resumed again with the same approval and an answer for q: g's
     result as it finished (a failed result here if the resume did not complete)."""
     world = World()
-    s = Dispatcher(build_registry(world), gate=interrupt_every_call).session("p")
+    s = Dispatcher(build_registry(Stage(world)), gate=interrupt_every_call).session("p")
     batch = [ToolCall("g", "gated_write", {"path": A, "text": "x"}), ToolCall("q", "ask", {"q": "go?"})]
     approve: dict[str, Decision] = {"g": Allow({"path": A, "text": "z"})}
     for decisions in ({}, approve):

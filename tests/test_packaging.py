@@ -79,7 +79,9 @@ def test_bench_from_the_wheel_says_where_the_benchmark_is(wheel: Path, tmp_path:
 def test_demo_from_a_fresh_virtualenv(wheel: Path, tmp_path: Path) -> None:
     """Installed by pip into a fresh virtualenv, `threepass demo` exits 0 in under 5 s, replay matched."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    # no pip of its own (seeding one takes longer than the rest of the test): this
+    # environment's pip installs into it, run by the virtualenv's interpreter (--python)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     # The wheel itself is installed by pip; its dependencies come from this environment
     # (no index is reached): a .pth file names this environment's site-packages, where
@@ -90,8 +92,8 @@ def test_demo_from_a_fresh_virtualenv(wheel: Path, tmp_path: Path) -> None:
     ).stdout.strip()  # fmt: skip
     Path(purelib, "deps-from-the-test-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     installed = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
-         str(wheel)],
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
+         "--ignore-installed", str(wheel)],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr

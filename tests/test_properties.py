@@ -44,33 +44,40 @@ class World:
             self.serial_running = False
 
 
-def build(world: World) -> Registry:
+@attrs.define
+class Stage:
+    world: World
+
+
+def build(stage: Stage) -> Registry:
+    """The fake tools, acting on the world on `stage` when they run."""
+
     def file_key(args: Mapping[str, Any]) -> set[str]:
         return {f"file:/w/{args['path']}"}
 
     async def fast(args: Mapping[str, Any], ctx: Any) -> str:
-        await world.run("fast", args["v"], alone=False, sleep=0.01)
+        await stage.world.run("fast", args["v"], alone=False, sleep=0.01)
         return "fast " + args["v"]
 
     async def slow(args: Mapping[str, Any], ctx: Any) -> str:
-        await world.run("slow", args["v"], alone=True, sleep=0.02)
+        await stage.world.run("slow", args["v"], alone=True, sleep=0.02)
         return "slow " + args["v"]
 
     async def read(args: Mapping[str, Any], ctx: Any) -> str:
-        await world.run("read", args["path"], alone=False, sleep=0.01)
-        return world.files.get(args["path"], "")
+        await stage.world.run("read", args["path"], alone=False, sleep=0.01)
+        return stage.world.files.get(args["path"], "")
 
     async def edit(args: Mapping[str, Any], ctx: Any) -> str:
-        await world.run("edit", args["path"], alone=True, sleep=0.01)
-        world.files[args["path"]] = args["v"]
+        await stage.world.run("edit", args["path"], alone=True, sleep=0.01)
+        stage.world.files[args["path"]] = args["v"]
         return "ok"
 
     async def fail(args: Mapping[str, Any], ctx: Any) -> str:
-        await world.run("fail", args["v"], alone=False, sleep=0.005)
+        await stage.world.run("fail", args["v"], alone=False, sleep=0.005)
         raise RuntimeError("no")
 
     async def danger(args: Mapping[str, Any], ctx: Any) -> str:
-        await world.run("danger", args["v"], alone=True, sleep=0.0)
+        await stage.world.run("danger", args["v"], alone=True, sleep=0.0)
         return "done"
 
     return Registry(
@@ -83,6 +90,17 @@ def build(world: World) -> Registry:
             Tool("danger", "d", danger, SCHEMA, concurrent=False, deferred=False, confirm=True),
         ]
     )
+
+
+_STAGE = Stage(World())
+_REGISTRY = build(_STAGE)
+
+
+def registry_over(world: World) -> Registry:
+    """The fake tools' registry, acting on `world` until the next call: registering the
+    tools checks their schemas, which costs more than most examples, so it is built once."""
+    _STAGE.world = world
+    return _REGISTRY
 
 
 names = st.sampled_from(["fast", "slow", "read", "edit", "fail", "nope", "danger"])
@@ -106,7 +124,7 @@ def test_random_batches_keep_every_promise(
     holds; non-concurrent calls run alone; after an Interrupt nothing ran."""
     world = World()
     gate = (lambda c, ctx: Interrupt("ask")) if with_danger_gate else None
-    d = Dispatcher(build(world), max_concurrent=limit, gate=gate)
+    d = Dispatcher(registry_over(world), max_concurrent=limit, gate=gate)
     s = d.session("s")
 
     async def main() -> None:
@@ -201,7 +219,7 @@ def test_junk_calls_never_raise_and_record_and_replay(rounds: list[list[Any]]) -
     returns one result per call, the same results, and the recording replays clean."""
 
     async def dispatch_all(record: Path | None) -> list[list[tuple[str, str, str]]]:
-        s = Dispatcher(build(World())).session("junk", record=record)
+        s = Dispatcher(registry_over(World())).session("junk", record=record)
         answers = []
         for calls in rounds:
             results = await s.dispatch(calls)
@@ -216,7 +234,7 @@ def test_junk_calls_never_raise_and_record_and_replay(rounds: list[list[Any]]) -
         recorded = trio.run(dispatch_all, path, clock=clock(autojump_threshold=0))
         unrecorded = trio.run(dispatch_all, None, clock=clock(autojump_threshold=0))
         assert recorded == unrecorded
-        report = trio.run(replay, path, Dispatcher(build(World())), clock=clock(autojump_threshold=0))
+        report = trio.run(replay, path, Dispatcher(registry_over(World())), clock=clock(autojump_threshold=0))
         assert report.ok, (report.problem, report.divergence)
         assert (report.batches, report.calls) == (len(rounds), sum(len(calls) for calls in rounds))
 
@@ -226,7 +244,7 @@ _RECORDED: list[str] = []  # the lines of one recorded session, made once
 
 def _record_a_session(path: Path) -> None:
     async def main() -> None:
-        s = Dispatcher(build(World())).session("rec", record=path)
+        s = Dispatcher(registry_over(World())).session("rec", record=path)
         await s.dispatch([ToolCall("1", "fast", '{"v": "a"}'), ToolCall("2", "nope", {}), [1]])
         await s.dispatch(
             [ToolCall("3", "edit", {"path": "a", "v": "b"}), ToolCall("4", "read", {"path": "a"})]
@@ -277,7 +295,7 @@ def test_a_recording_edited_anywhere_never_raises_in_replay(line: int, path: lis
         changed, lines[line] = edited != lines[line], edited
         recording.write_text("".join(text + "\n" for text in lines))
         clock = trio.testing.MockClock(autojump_threshold=0)
-        report = trio.run(replay, recording, Dispatcher(build(World())), clock=clock)
+        report = trio.run(replay, recording, Dispatcher(registry_over(World())), clock=clock)
         assert report.batches <= 3
         if changed and line < 3:  # a line with a successor: the chain sees any change
             assert report.problem is not None, report

@@ -5,6 +5,7 @@ marks; of processes racing for a lease exactly one wins; faults raise, naming Re
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -238,6 +239,7 @@ _RACER = textwrap.dedent(
     async def main():
         store = RedisSessionStore(sys.argv[2], namespace="t")
         await store.load("warm-up")  # connected before the start
+        print("ready", flush=True)
         while not os.path.exists(sys.argv[3]):
             time.sleep(0.001)
         try:
@@ -265,7 +267,10 @@ def test_processes_racing_for_a_lease_exactly_one_wins(server: RedisServer, tmp_
         )
         for backend in ("trio", "asyncio", "trio", "asyncio")
     ]
-    time.sleep(1.0)  # let them start and connect
+    for racer in racers:  # each started and connected
+        assert racer.stdout is not None
+        ready, _, _ = select.select([racer.stdout], [], [], 20)
+        assert ready and racer.stdout.readline() == "ready\n"
     go.write_text("")
     outcomes = sorted(racer.communicate(timeout=20)[0].strip() for racer in racers)
     assert outcomes == ["busy", "busy", "busy", "won"]

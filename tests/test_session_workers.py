@@ -568,6 +568,18 @@ def _wait_for_mark(shared: _Shared, call_id: str, proc: subprocess.Popen[str], t
     raise AssertionError(f"{call_id} was never marked started")
 
 
+def _wait_for_line(path: Path, line: str, proc: subprocess.Popen[str], timeout: float = 30) -> None:
+    """Wait until a worker's writer has appended `line` to `path` (its mark is recorded
+    before the writer starts, so the mark alone does not say the effect happened)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        if line in _lines(path):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{line!r} never reached {path}")
+
+
 def test_a_second_process_is_busy_at_once_while_the_first_holds_the_lease(
     shared: _Shared, tmp_path: Path
 ) -> None:
@@ -601,16 +613,26 @@ def test_a_worker_killed_mid_writer_leaves_it_uncertain_and_never_rerun(
     ws.mkdir()
     lease = 1.5
     batch = [_call("w1", "write", path="out.txt", text="x", block=True), _call("r1", "read", path="in.txt")]
+    go = tmp_path / "go"
     doomed = _worker(shared.where, ws, lease, [{"calls": batch}])
+    # started now, so that its start-up is not counted against the dead worker's lease
+    other = _worker(shared.where, ws, lease, [{"calls": batch, "wait_for": str(go)}])
     try:
         _wait_for_mark(shared, "w1", doomed)
+        _wait_for_line(ws / "out.txt", "x by w1", doomed)
     finally:
         os.kill(doomed.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
         doomed.communicate(timeout=30)
-    assert _lines(ws / "out.txt") == ["x by w1"]
-    (busy,) = _run_worker(shared.where, ws, lease, [{"calls": batch}])
+    try:
+        assert _lines(ws / "out.txt") == ["x by w1"]
+        go.touch()
+        busy = _next_line(other)
+    finally:
+        _stop(other)
     assert busy["raised"] == "SessionBusy" and busy["seconds"] < 0.5
-    time.sleep(lease)
+    # the dead worker's last renewal came before the kill: a lease time after it, it is gone
+    time.sleep(max(0.0, killed_at + lease + 0.1 - time.monotonic()))
     reads_before = _lines(ws / "reads.log")  # the dead worker's reader may have run too
     (resumed,) = _run_worker(shared.where, ws, lease, [{"calls": batch}])
     w1 = ToolResult.from_json(resumed["results"][0])

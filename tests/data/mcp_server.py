@@ -68,3 +68,7 @@ if __name__ == "__main__":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:
         server.run()
+        # its stdin closed, the server is done: it exits now, since the interpreter's
+        # teardown of the SDK would keep every test that closes it waiting half a second
+        sys.stdout.flush()
+        os._exit(0)
