@@ -71,8 +71,18 @@ async def _run_tool(args: Mapping[str, Any], ctx: ToolContext) -> str:
     raise ToolError("run_tool is unwrapped before it runs; this is a bug in threepass", retryable=False)
 
 
+_CORE: list[Registry] = []  # the one checked; each dispatcher gets a copy
+
+
 def core_registry() -> Registry:
-    """A registry of the two tools every session supplies."""
+    """A registry of the two tools every session supplies: a new one each time, its tools
+    checked once per process (a Dispatcher is made in a fraction of the time)."""
+    if not _CORE:
+        _CORE.append(_checked_core())
+    return _CORE[0].copy()
+
+
+def _checked_core() -> Registry:
     return Registry(
         [
             Tool(

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher import Registry, Tool, ToolDefinitionError, UnknownTool
+from dispatcher import Dispatcher, Registry, Tool, ToolDefinitionError, UnknownTool
 
 
 def _handler(args: Mapping[str, Any], ctx: Any) -> str:
@@ -258,3 +258,25 @@ def test_tool_defaults() -> None:
     assert tool.deferred is True
     assert tool.concurrent is False and tool.confirm is False
     assert tool.cache is None and tool.timeout is None
+
+
+def test_a_copy_has_the_same_tools_and_changes_apart() -> None:
+    async def echo(args: Any, ctx: Any) -> str:
+        return "echo"
+
+    original = Registry([Tool("echo", "Echo.", echo, {"type": "object"}, deferred=False)])
+    copied = original.copy()
+    assert copied.names() == original.names() and copied.fingerprint() == original.fingerprint()
+    copied.add(Tool("other", "Other.", echo, {"type": "object"}, deferred=False))
+    copied.remove("echo")
+    assert list(original.names()) == ["echo"] and list(copied.names()) == ["other"]
+
+
+def test_each_dispatcher_has_a_core_registry_of_its_own() -> None:
+    """The core tools are checked once per process; each dispatcher holds its own registry
+    of them, so a change to one is not another's."""
+    first, second = Dispatcher(Registry()), Dispatcher(Registry())
+    first.core_registry.remove("find_tools")
+    assert "find_tools" not in first.core_registry.names()
+    assert "find_tools" in second.core_registry.names() and "run_tool" in second.core_registry.names()
+    assert "find_tools" in Dispatcher(Registry()).core_registry.names()
