@@ -37,11 +37,20 @@ What `redact_arguments` replaces, at any depth
       is kept as written (tabs and line breaks, which URL parsing drops, are dropped);
     - a text `body`: a JSON object or array is redacted field by field, a form
       (`a=1&password=x`) parameter by parameter; any other text body of a call that
-      carries credentials is replaced whole (the rule cannot see names in it).
+      carries credentials is replaced whole (the rule cannot see names in it), and in
+      the body of one that carries none, JSON that does not parse is read as below.
     Booleans and nulls are kept (they hide nothing), and so are empty texts. A number
     under a credential's name becomes a marker too: its secret outweighs a replay that
     then fails the tool's `integer` schema. `code` is a credential only as a query
     parameter: as an argument it is usually a program.
+
+What `redact_json_text` replaces in text that does not parse
+    It is read token by token: a name's escapes are undone before it is judged
+    (`"\\u0074oken"` is `token`), an object or array under a credential's name is
+    hidden whole, the second of a pair whose first is a credential name too, and a
+    text's URLs and JSON are read with their escapes undone (`https:\\/\\/u:p@host`).
+    Each secret becomes a stand-in of its length (digits for a number), so the text
+    fails to read where it did and its call's error replays the same.
 
 `credential_values(args)` are the secrets themselves, with the forms a server may echo
 (a header's token without its scheme word, the percent-decoded and raw forms of a URL
@@ -340,9 +349,12 @@ class _Redactor:
             return body if redacted == parsed and not repeated else json.dumps(redacted, ensure_ascii=False)
         if _FORM.fullmatch(body):
             return self.query(body)
-        if is_marker(body) or not carries_credentials(request):
+        if is_marker(body):
             return body
-        return self.hide(body)
+        if carries_credentials(request):
+            return self.hide(body)
+        # JSON cut short, say: read as arguments text that does not parse is
+        return _redact_unparsed(body, self) if may_hold_credentials(body) else body
 
 
 def _loads_noting_repeats(text: str) -> tuple[Any, bool]:
@@ -360,9 +372,13 @@ def _loads_noting_repeats(text: str) -> tuple[Any, bool]:
     return json.loads(text, object_pairs_hook=pairs), repeated
 
 
-# in JSON text that does not parse: a quoted name, a colon, and a quoted text or a bare word
-_NAMED_VALUE: Final = re.compile(r'"((?:[^"\\]|\\.)*)"(\s*:\s*)("(?:[^"\\]|\\.)*"?|[^\s,{}\[\]"]+)')
-_URL_IN_TEXT: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
+# JSON text that does not parse, as tokens: a quoted text (perhaps cut short), a mark, or a
+# bare word; the space between them is skipped
+_JSON_TOKEN: Final = re.compile(r'"((?:[^"\\]|\\.)*)(?:"|\\?\Z)|[{}\[\],:]|[^\s,:{}\[\]"]+')
+_JSON_NUMBER: Final = re.compile(r"-?[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]*)?")
+# a URL in text: its scheme starts a word (so a long run of letters is not scanned again
+# from each of them)
+_URL_IN_TEXT: Final = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
 
 
 def redact_json_text(text: str) -> tuple[str, frozenset[str]]:
@@ -384,29 +400,115 @@ def redact_json_text(text: str) -> tuple[str, frozenset[str]]:
     return json.dumps(redacted, ensure_ascii=False), frozenset(walker.secrets)
 
 
-def _redact_unparsed(text: str, walker: _Redactor) -> str:
-    """Text that is not JSON (cut short, say): the value after each credential name, and
-    the credentials in each URL, replaced by stand-ins of the same length (a marker cut or
-    padded to it); every other byte kept, so that reading it again fails where it did."""
-    spans: list[tuple[int, int, str]] = []
-    for match in _NAMED_VALUE.finditer(text):
-        if not is_credential_name(match.group(1)):
-            continue
-        start, end = match.span(3)
-        value = match.group(3)
-        if value.startswith('"'):
-            start += 1
-            if len(value) > 1 and value.endswith('"'):
-                end -= 1
-        if end > start:
-            walker.hide(text[start:end])
-            spans.append((start, end, _same_length(text[start:end])))
+def _decoded(inside: str) -> str:
+    """What a quoted JSON text's inside reads as (escapes undone); as written if it cannot be read."""
+    if "\\" not in inside:
+        return inside
+    try:
+        value = json.loads(f'"{inside}"')
+    except ValueError:
+        return inside
+    return value if isinstance(value, str) else inside
+
+
+def _secrets_in_text(text: str) -> set[str]:
+    """The secrets in a text that is not under a credential's name: those of the URLs in it,
+    and those of the JSON it may be (a request body, say)."""
+    inside = _Redactor()
     for match in _URL_IN_TEXT.finditer(text):
+        inside.url(match.group(0))
+    if text.lstrip()[:1] in ("{", "[") and may_hold_credentials(text):
+        inside.secrets.update(redact_json_text(text)[1])
+    return inside.secrets
+
+
+def _number_stand_in(word: str) -> str:
+    """A bare word with its leading number's digits stood in for (the first digit 1, the
+    rest 0; a digit 0 stays 0) and the rest by letters: as long, and a number where it was
+    one, so the text fails to read where it did."""
+    match = _JSON_NUMBER.match(word)
+    if match is None:
+        return _same_length(word)
+    number, rest = match.group(0), word[match.end() :]
+    out: list[str] = []
+    seen = False
+    for char in number:
+        if char in "123456789":
+            out.append("0" if seen else "1")
+            seen = True
+        else:
+            out.append(char)
+    return "".join(out) + (_same_length(rest) if rest else "")
+
+
+def _redact_unparsed(text: str, walker: _Redactor) -> str:
+    """Text that is not JSON (cut short, say), read token by token: each value under a
+    credential's name (its name's escapes undone; an object or array under it whole), the
+    second of a pair whose first is one (`["Authorization", "Bearer x"]`), and the secrets
+    of URLs and of JSON inside texts, replaced by stand-ins of the same length (a marker
+    cut or padded to it, digits for a number); every other byte kept, so that reading it
+    again fails where it did."""
+    spans: list[tuple[int, int, str]] = []
+    tokens = list(_JSON_TOKEN.finditer(text))
+    # per open object or array: [is an array, all hidden, index in it, a pair's first is a name]
+    frames: list[list[Any]] = []
+    named = False  # the next value is under a credential's name
+    for at, token in enumerate(tokens):
+        piece = token.group(0)
+        frame = frames[-1] if frames else None
+        if piece in ("{", "["):
+            hidden = named or (frame is not None and (frame[1] or (frame[0] and frame[2] == 1 and frame[3])))
+            frames.append([piece == "[", hidden, 0, False])
+            named = False
+            continue
+        if piece in ("}", "]"):
+            if frames:
+                frames.pop()
+            named = False
+            continue
+        if piece == ",":
+            if frame is not None:
+                frame[2] += 1
+            named = False
+            continue
+        if piece == ":":
+            continue
+        quoted = token.group(1) is not None
+        start, end = token.span(1) if quoted else token.span()
+        inside = text[start:end]
+        value = _decoded(inside) if quoted else inside
+        if quoted and at + 1 < len(tokens) and tokens[at + 1].group(0) == ":":
+            named = is_credential_name(value)  # a name: the value after it is judged by it
+            continue
+        hidden = named or (frame is not None and (frame[1] or (frame[0] and frame[2] == 1 and frame[3])))
+        if frame is not None and frame[0] and frame[2] == 0 and quoted and is_credential_name(value):
+            frame[3] = True
+        named = False
+        if not inside:
+            continue
+        if hidden:
+            if quoted:
+                walker.hide(value, inside, value.partition(" ")[2].strip())
+                spans.append((start, end, _same_length(inside)))
+            elif inside not in ("true", "false", "null"):
+                walker.secrets.add(inside)
+                spans.append((start, end, _number_stand_in(inside)))
+            continue
+        found = _secrets_in_text(value)
+        if not found:
+            continue
+        walker.secrets.update(found)
+        replaced = inside
+        for secret in sorted(found, key=len, reverse=True):
+            replaced = replaced.replace(secret, _same_length(secret))
+        if any(secret in _decoded(replaced) for secret in found):
+            replaced = _same_length(inside)  # a secret spelled with escapes: the text whole
+        spans.append((start, end, replaced))
+    for match in _URL_IN_TEXT.finditer(text):  # a URL outside any quotes
         url = match.group(0)
-        inside = _Redactor()  # what this URL holds, whatever was found before it
-        inside.url(url)
-        walker.secrets.update(inside.secrets)
-        for secret in sorted(inside.secrets, key=len, reverse=True):
+        found = _secrets_in_text(url)
+        walker.secrets.update(found)
+        for secret in sorted(found, key=len, reverse=True):
             url = url.replace(secret, _same_length(secret))
         if url != match.group(0):
             spans.append((match.start(), match.end(), url))
@@ -414,7 +516,7 @@ def _redact_unparsed(text: str, walker: _Redactor) -> str:
     at = 0
     for start, end, stand_in_text in sorted(spans):
         if start < at:
-            continue  # inside one replaced already (a URL under a credential's name)
+            continue  # inside one replaced already (a URL in a text replaced whole)
         out.append(text[at:start])
         out.append(stand_in_text)
         at = end

@@ -1,0 +1,115 @@
+"""Today's promises, tried hard: arguments text whose secrets hide from the recorder's
+rule for unparsed text, the executor's fast paths against the general one, settings
+changed between batches, a session's turns, and replay run again and again."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dispatcher import Dispatcher, Registry, Tool, replay
+from dispatcher._credentials import redact_json_text
+
+from ._fakes import openai_call
+
+SECRET = "hunter2hunter2Secret"
+
+
+# --- secrets in arguments text the json module does not read ------------------------------
+
+UNPARSED = [
+    '{"\\u0074oken": "%s", ',  # a credential name spelled with escapes
+    '{"pass\\u0077ord": "%s", ',
+    '{"tok\\u0065n"  :\t"%s"',
+    '{"api_key": {"value": "%s"}, ',  # a credential's value that is an object
+    '{"password": ["%s", ',  # or an array
+    '{"headers": [["Authorization", "Bearer %s"]], ',  # a credential header as a pair
+    '{"url": "https:\\/\\/user:%s@example.com/", ',  # a URL with its slashes escaped
+    '{"url": "https://example.com/?acc\\u0065ss_token=%s", ',
+    '{"url": "https://example.com/", "body": "{\\"password\\": \\"%s\\"", "x": 1}',  # a body cut short
+]
+
+
+@pytest.mark.parametrize("text", UNPARSED)
+def test_unparsed_arguments_text_keeps_no_secret(text: str) -> None:
+    """Whatever way the text spells a credential's name or value, the secret is not in it."""
+    out, secrets = redact_json_text(text % SECRET)
+    assert SECRET not in out
+    assert secrets
+
+
+def test_numbers_under_a_credential_in_unparsed_text_stay_numbers() -> None:
+    """A number's stand-in is digits: the text still fails to read where it did."""
+    out, _ = redact_json_text('{"otp": 987654, "x": ')
+    assert out == '{"otp": 100000, "x": '
+
+
+def test_a_long_unparsed_text_is_read_in_linear_time() -> None:
+    """A long run of letters is not scanned again from each of its letters for a URL scheme."""
+    text = '{"key": 1, "q": "' + "a" * 200_000
+    began = time.perf_counter()
+    redact_json_text(text)
+    assert time.perf_counter() - began < 1.0
+
+
+async def test_unparsed_arguments_text_records_no_secret_and_replays(tmp_path: Path) -> None:
+    """Every such text reaches the recording without its secret, and the recording replays."""
+    schema = {"type": "object", "properties": {"headers": {}, "url": {"type": "string"}}}
+
+    async def fetch(args: Mapping[str, Any], ctx: Any) -> str:
+        return "fetched"
+
+    def registry() -> Registry:
+        return Registry([Tool("fetch", "Fetch.", fetch, schema, deferred=False)])
+
+    texts = [*UNPARSED, '{"otp": 987654, "x": ', '{"pin": 4321']
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(registry()).session("s", record=path, mode="direct")
+    for n, text in enumerate(texts):
+        await s.dispatch([openai_call(f"c{n}", "fetch", text.replace("%s", SECRET))])
+    s.close()
+    assert SECRET not in path.read_text()
+    assert "987654" not in path.read_text()
+    report = await replay(path, Dispatcher(registry()))
+    assert report.ok and report.calls == len(texts), report
+
+
+_NAMES = st.sampled_from(["api_key", "token", "password", "Authorization", "X-Api-Key", "session"])
+_PLAIN = st.sampled_from(["q", "path", "n", "items"])
+
+
+def _escaped(name: str, picks: list[bool]) -> str:
+    """`name` as JSON text with some of its letters spelled as unicode escapes."""
+    return "".join(f"\\u{ord(c):04x}" if pick else c for c, pick in zip(name, picks, strict=False))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    name=_NAMES,
+    picks=st.lists(st.booleans(), min_size=16, max_size=16),
+    before=st.dictionaries(_PLAIN, st.integers() | st.text(max_size=5), max_size=3),
+    wrap=st.sampled_from(["{}", "[]", "plain", "nested"]),
+    space=st.sampled_from(["", " ", "\n\t", "  \r\n"]),
+    cut=st.integers(min_value=0, max_value=40),
+)
+def test_a_secret_under_a_credential_name_never_survives(
+    name: str, picks: list[bool], before: dict[str, Any], wrap: str, space: str, cut: int
+) -> None:
+    """Arguments text with a secret under a credential's name (spelled with escapes or not,
+    at any depth, with any JSON space), whole or cut short after the secret, keeps no secret."""
+    value = {"{}": {"v": SECRET}, "[]": [SECRET], "plain": SECRET, "nested": {"a": [{"b": SECRET}]}}[wrap]
+    inner = json.dumps(value, separators=(",", ":" + space))
+    body = ", ".join(f"{json.dumps(k)}:{space}{json.dumps(v)}" for k, v in before.items())
+    key = '"' + _escaped(name, picks) + '"'
+    text = "{" + body + (", " if body else "") + key + space + ":" + space + inner + ', "tail": "x"}'
+    end = text.index(SECRET) + len(SECRET) + 1 + cut
+    for candidate in (text, text[:end]):
+        out, _ = redact_json_text(candidate)
+        assert SECRET not in out, (candidate, out)
