@@ -394,6 +394,9 @@ def redact_json_text(text: str) -> tuple[str, frozenset[str]]:
         parsed, repeated = _loads_noting_repeats(text)
     except (ValueError, RecursionError):
         return _redact_unparsed(text, walker), frozenset(walker.secrets)
+    if isinstance(parsed, str) and parsed.lstrip()[:1] in ("{", "["):
+        inner, found = redact_json_text(parsed)  # JSON given as a JSON text: encoded twice
+        return (text, found) if inner == parsed else (json.dumps(inner, ensure_ascii=False), found)
     redacted = walker.walk(parsed)
     if redacted == parsed and not repeated:
         return text, frozenset(walker.secrets)

@@ -113,3 +113,29 @@ def test_a_secret_under_a_credential_name_never_survives(
     for candidate in (text, text[:end]):
         out, _ = redact_json_text(candidate)
         assert SECRET not in out, (candidate, out)
+
+
+async def test_arguments_that_are_not_an_object_quote_no_part_of_a_secret(tmp_path: Path) -> None:
+    """The error for arguments that are not an object quotes their start: a secret cut there
+    is not whole, so it would not be found in the result; and JSON given as a JSON text
+    (encoded twice) is read for secrets too. Neither reaches the recording; both replay."""
+    long_secret = "sk-" + "q7" * 60
+
+    async def fetch(args: Mapping[str, Any], ctx: Any) -> str:
+        return "fetched"
+
+    def registry() -> Registry:
+        return Registry([Tool("fetch", "Fetch.", fetch, {"type": "object"}, deferred=False)])
+
+    texts = [json.dumps([{"api_key": long_secret}]), json.dumps(json.dumps({"api_key": SECRET}))]
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(registry()).session("s", record=path, mode="direct")
+    for n, text in enumerate(texts):
+        results = await s.dispatch([openai_call(f"c{n}", "fetch", text)])
+        assert results[0].status.value == "invalid_arguments"
+        assert long_secret[:20] not in results[0].content
+    s.close()
+    recorded = path.read_text()
+    assert long_secret[:20] not in recorded and SECRET not in recorded
+    report = await replay(path, Dispatcher(registry()))
+    assert report.ok and report.calls == len(texts), report
