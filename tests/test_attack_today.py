@@ -4,20 +4,22 @@ changed between batches, a session's turns, and replay run again and again."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher import Dispatcher, Registry, Tool, replay
+from dispatcher import Dispatcher, DispatchInterrupted, HookBlocked, Registry, Tool, ToolError, replay
 from dispatcher._credentials import redact_json_text
 
-from ._fakes import openai_call
+from ._fakes import call, openai_call
 
 SECRET = "hunter2hunter2Secret"
 
@@ -139,3 +141,123 @@ async def test_arguments_that_are_not_an_object_quote_no_part_of_a_secret(tmp_pa
     assert long_secret[:20] not in recorded and SECRET not in recorded
     report = await replay(path, Dispatcher(registry()))
     assert report.ok and report.calls == len(texts), report
+
+
+# --- pass 2's fast paths answer as the general one --------------------------------------------
+
+
+async def _swallow(args: Mapping[str, Any], ctx: Any) -> str:
+    """Waits past its timeout, swallows its cancellation and returns."""
+    with contextlib.suppress(BaseException):
+        await anyio.sleep(10)
+    return "late"
+
+
+def _raiser(exc: BaseException) -> Any:
+    async def handler(args: Mapping[str, Any], ctx: Any) -> Any:
+        raise exc
+
+    return handler
+
+
+def _returner(value: Any) -> Any:
+    async def handler(args: Mapping[str, Any], ctx: Any) -> Any:
+        await anyio.lowlevel.checkpoint()
+        return value
+
+    return handler
+
+
+HANDLERS: dict[str, Any] = {
+    "fine": _returner("fine"),
+    "bytes": _returner(b"\xff\x00raw"),
+    "mapping": _returner({"a": [1, 2]}),
+    "none": _returner(None),
+    "huge": _returner("x" * 5000),
+    "accented": _returner("h\u00e9llo " * 50),
+    "surrogate": _returner("a\ud800b"),
+    "swallow": _swallow,
+    "tool_error": _raiser(ToolError("nope", retryable=False)),
+    "value_error": _raiser(ValueError("bad")),
+    "exit": _raiser(SystemExit(3)),
+    "generator_exit": _raiser(GeneratorExit()),
+    "blocked": _raiser(HookBlocked("stop here")),
+    "interrupted": _raiser(DispatchInterrupted([])),
+    "keyboard": _raiser(KeyboardInterrupt()),
+    "keyboard_group": _raiser(BaseExceptionGroup("g", [KeyboardInterrupt()])),
+}
+
+
+class _Nothing:
+    """A hook that does nothing: its presence alone sends every call the general way."""
+
+    def after(self, call: Any, result: Any, ctx: Any) -> None:
+        return None
+
+
+def _fast_registry() -> Registry:
+    return Registry([_tool(n, h, timeout=0.05) for n, h in HANDLERS.items()])
+
+
+def _tool(name: str, handler: Any, **extra: Any) -> Tool:
+    return Tool(name, name, handler, {"type": "object"}, concurrent=True, deferred=False, **extra)
+
+
+async def _outcome(d: Dispatcher, names: list[str]) -> tuple[Any, ...]:
+    """What a batch of `names` gives: each result's status and content, or what it raised;
+    and the limiter, which must be whole again."""
+    s = d.session()
+    try:
+        results = await s.dispatch([call(f"c{n}", name) for n, name in enumerate(names)])
+        got: Any = tuple((r.status.value, r.content) for r in results)
+    except BaseException as exc:  # run control is what is compared
+        got = type(exc).__name__
+    assert d.limiter.borrowed_tokens == 0, names
+    stats = d.statistics()
+    assert (stats.in_use, stats.waiting) == (0, 0), names
+    return got, tuple((e.call_id, e.result.status.value, e.result.content) for e in s.history)
+
+
+@pytest.mark.parametrize("name", list(HANDLERS))
+async def test_the_fast_paths_answer_as_the_general_one(name: str) -> None:
+    """A lone call (`_run_alone`) and a worker's kept-slot call (`_run_kept`, a limit of 1 and
+    a call before it) give what the general path gives (a hook that does nothing forces it)."""
+    fast = Dispatcher(_fast_registry(), max_concurrent=1, max_output_bytes=2000)
+    general = Dispatcher(_fast_registry(), max_concurrent=1, max_output_bytes=2000, hooks=[_Nothing()])
+    for names in ([name], ["fine", name], ["fine", name, "fine"]):
+        assert await _outcome(fast, names) == await _outcome(general, names), names
+
+
+async def test_a_swallowed_cancellation_is_timed_out_on_a_mock_clock(autojump_clock: Any) -> None:
+    """On trio's MockClock (where few real seconds pass) a call that swallows its cut and
+    returns after its deadline is timed_out, run alone and on a kept slot alike."""
+    d = Dispatcher(_fast_registry(), max_concurrent=1)
+    s = d.session()
+    for names in (["swallow"], ["fine", "swallow", "fine"]):
+        results = await s.dispatch([call(f"m{n}{len(names)}", name) for n, name in enumerate(names)])
+        assert [r.status.value for r in results] == ["timed_out" if n == "swallow" else "ok" for n in names]
+    assert d.limiter.borrowed_tokens == 0
+
+
+async def test_the_block_watch_names_a_tool_holding_the_loop_on_either_fast_path(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A handler that holds the loop past `block_threshold` is reported by name, run alone
+    and on a worker's kept slot."""
+
+    async def hog(args: Mapping[str, Any], ctx: Any) -> str:
+        time.sleep(0.08)  # noqa: ASYNC251 - holding the loop is the point
+        return "held"
+
+    registry = Registry([_tool("hog", hog), _tool("fine", HANDLERS["fine"])])
+    d = Dispatcher(registry, max_concurrent=1, block_threshold=0.03)
+    s = d.session()
+    caplog.set_level("WARNING", logger="threepass.execute")
+    await s.dispatch([call("a", "hog")])
+    await anyio.sleep(0.05)  # the report comes as the loop runs the probe again
+    await s.dispatch([call("b", "fine"), call("c", "hog", n=2)])  # other arguments: not deduped
+    await anyio.sleep(0.05)
+    named = [r.getMessage() for r in caplog.records if "held the event loop" in r.getMessage()]
+    assert any("hog (call a)" in m for m in named), named
+    assert any("hog (call c)" in m for m in named), named
+    assert d.statistics().loop_blocks == 2
