@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from dispatcher import Dispatcher, DispatchInterrupted, HookBlocked, Registry, Tool, ToolError, replay
 from dispatcher._credentials import redact_json_text
+from dispatcher._execute import HookSet
 
 from ._fakes import call, openai_call
 
@@ -261,3 +263,206 @@ async def test_the_block_watch_names_a_tool_holding_the_loop_on_either_fast_path
     assert any("hog (call a)" in m for m in named), named
     assert any("hog (call c)" in m for m in named), named
     assert d.statistics().loop_blocks == 2
+
+
+# --- an executor copied from the last one: settings changed between batches ----------------
+
+
+async def test_settings_changed_between_batches_hold_for_the_next_batch() -> None:
+    """`d.timeout`, `d.max_output_bytes`, the hooks and `d.runner`, each changed between
+    batches, are what the next batch runs under (and changed back, the old ones again)."""
+
+    async def slow(args: Mapping[str, Any], ctx: Any) -> str:
+        await anyio.sleep(0.1)
+        return "y" * 3000
+
+    seen: list[str] = []
+
+    class Audit:
+        def after(self, c: Any, result: Any, ctx: Any) -> None:
+            seen.append(c.id)
+
+    async def scripted(c: Any, ctx: Any) -> str:
+        return "scripted"
+
+    d = Dispatcher(Registry([_tool("slow", slow)]), max_output_bytes=100_000)
+    s = d.session()
+    n = iter(range(100))
+
+    async def run() -> Any:
+        (result,) = await s.dispatch([call(f"c{next(n)}", "slow", n=next(n))])
+        return result
+
+    assert (await run()).status.value == "ok"
+    d.timeout = 0.02
+    assert (await run()).status.value == "timed_out"
+    d.timeout = 30.0
+    d.max_output_bytes = 1000
+    cut = await run()
+    assert cut.status.value == "ok" and cut.content.startswith("y" * 1000 + "\n")
+    d.max_output_bytes = 100_000
+    assert len((await run()).content) >= 3000
+    d.hook_set = HookSet.of([Audit()])
+    await run()
+    assert len(seen) == 1
+    d.hook_set = HookSet.of([])
+    await run()
+    assert len(seen) == 1
+    d.runner = scripted
+    assert (await run()).content == "scripted"
+    d.runner = None
+    assert (await run()).content == "y" * 3000
+    assert d.limiter.borrowed_tokens == 0
+
+
+# --- a session's turns -----------------------------------------------------------------------
+
+
+async def _round(
+    one: Any,
+    arrived: set[int],
+    scopes: dict[int, anyio.CancelScope],
+    cancelled: set[int],
+    order: list[int],
+    rng: random.Random,
+) -> None:
+    """Start 30 dispatches, each queued before the next starts, cutting some short at random."""
+    async with anyio.create_task_group() as tg:
+        for n in range(30):
+            tg.start_soon(one, n)
+            while n not in arrived:
+                await anyio.lowlevel.checkpoint()
+            if rng.random() < 0.4:
+                # often the next in line (whose turn may be coming as it is cut), else any
+                waiting = [m for m in range(n + 1) if m not in cancelled and m not in order]
+                victim = waiting[0] if waiting and rng.random() < 0.5 else rng.randrange(n + 1)
+                cancelled.add(victim)
+                scopes[victim].cancel()
+            for _ in range(rng.randrange(3)):
+                await anyio.lowlevel.checkpoint()
+
+
+async def test_turns_stay_first_come_first_served_under_random_cancellations() -> None:
+    """Many dispatches on one session, some cut short while they wait, as their turn comes
+    or as they run (a seeded choice): batches never overlap, all that are not cut short run,
+    in the order they came, and the session is free at the end."""
+    rng = random.Random(20261201)
+    running: list[int] = []
+    order: list[int] = []
+
+    async def step(args: Mapping[str, Any], ctx: Any) -> str:
+        running.append(args["n"])
+        assert len(running) == 1, running  # one batch at a time
+        order.append(args["n"])
+        try:
+            for _ in range(args["n"] % 3):
+                await anyio.lowlevel.checkpoint()
+        finally:
+            running.remove(args["n"])
+        return "stepped"
+
+    d = Dispatcher(Registry([_tool("step", step)]))
+    s = d.session()
+    for round_ in range(4):
+        arrived: set[int] = set()
+        cancelled: set[int] = set()
+        scopes = {n: anyio.CancelScope() for n in range(30)}
+
+        async def one(
+            n: int,
+            scopes: dict[int, anyio.CancelScope] = scopes,
+            arrived: set[int] = arrived,
+            r: int = round_,
+        ) -> None:
+            with scopes[n]:
+                arrived.add(n)  # nothing awaits between this and taking a place in the queue
+                await s.dispatch([call(f"r{r}n{n}", "step", n=n, round=r)])
+
+        with anyio.fail_after(10):  # a lost turn would leave the rest waiting for ever
+            await _round(one, arrived, scopes, cancelled, order, rng)
+        assert order == sorted(order), order
+        assert set(range(30)) - cancelled <= set(order), (round_, order)
+        assert s._turns.waiting == 0 and not s._turns.taken
+        order.clear()
+    assert d.limiter.borrowed_tokens == 0
+    assert (await s.dispatch([call("last", "step", n=99)]))[0].status.value == "ok"
+
+
+async def test_a_handler_invoking_into_its_own_session_does_not_wait_for_a_turn() -> None:
+    """`ctx.invoke` from a handler into the batch's own session, two deep, run alone, on a
+    kept slot and from a task the handler starts, at a limit of 1: none waits for the turn
+    its own batch holds."""
+
+    async def leaf(args: Mapping[str, Any], ctx: Any) -> str:
+        await anyio.lowlevel.checkpoint()
+        return f"leaf {args['n']}"
+
+    async def middle(args: Mapping[str, Any], ctx: Any) -> str:
+        inner = await ctx.invoke("leaf", {"n": args["n"]})
+        return f"middle({inner.content})"
+
+    async def top(args: Mapping[str, Any], ctx: Any) -> str:
+        got: list[str] = []
+
+        async def side() -> None:
+            got.append((await ctx.invoke("middle", {"n": args["n"] + 100})).content)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(side)
+            got.append((await ctx.invoke("middle", {"n": args["n"]})).content)
+        return " ".join(sorted(got))
+
+    registry = Registry([_tool("leaf", leaf), _tool("middle", middle), _tool("top", top)])
+    d = Dispatcher(registry, max_concurrent=1)
+    s = d.session()
+    with anyio.fail_after(5):
+        (alone,) = await s.dispatch([call("a", "top", n=1)])
+        group = await s.dispatch([call("b", "top", n=2), call("c", "top", n=3)])
+    assert alone.content == "middle(leaf 1) middle(leaf 101)"
+    assert [r.content for r in group] == [
+        "middle(leaf 102) middle(leaf 2)",
+        "middle(leaf 103) middle(leaf 3)",
+    ]
+    assert d.limiter.borrowed_tokens == 0
+
+
+async def test_a_tools_keyboard_interrupt_hands_the_turn_to_those_waiting() -> None:
+    """A tool's KeyboardInterrupt ends its batch (committed, then raised); the dispatches
+    waiting behind it then run, in order."""
+    order: list[str] = []
+    release = anyio.Event()
+
+    async def work(args: Mapping[str, Any], ctx: Any) -> str:
+        order.append(args["name"])
+        if args["name"] == "first":
+            await release.wait()
+            raise KeyboardInterrupt
+        return "worked"
+
+    d = Dispatcher(Registry([_tool("work", work)]), max_concurrent=1)
+    s = d.session()
+    raised: list[str] = []
+
+    async def one(name: str) -> None:
+        try:
+            await s.dispatch([call(name, "work", name=name), call(name + "-2", "work", name=name + "-2")])
+        except KeyboardInterrupt:
+            raised.append(name)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            for name in ("first", "second", "third"):
+                tg.start_soon(one, name)
+                await _until_waiting(s, name)
+            release.set()
+    assert raised == ["first"]
+    assert order == ["first", "first-2", "second", "second-2", "third", "third-2"]
+    assert [e.call_id for e in s.history] == ["first-2", "second", "second-2", "third", "third-2"]
+    assert d.limiter.borrowed_tokens == 0 and not s._turns.taken
+
+
+async def _until_waiting(s: Any, name: str) -> None:
+    """Until the dispatch just started has its place: it runs, or it waits for its turn."""
+    want = {"first": 0, "second": 1, "third": 2}[name]
+    while not (s._turns.taken and s._turns.waiting == want):
+        await anyio.lowlevel.checkpoint()
