@@ -466,3 +466,82 @@ async def _until_waiting(s: Any, name: str) -> None:
     want = {"first": 0, "second": 1, "third": 2}[name]
     while not (s._turns.taken and s._turns.waiting == want):
         await anyio.lowlevel.checkpoint()
+
+
+# --- the limiter's accounting with sessions competing -----------------------------------------
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+async def test_two_sessions_at_a_small_limit_leave_the_limiter_whole(limit: int) -> None:
+    """Two sessions compete for 1 or 2 slots with batches of every kind of call (lone ones,
+    groups a worker runs on a kept slot, timeouts, failures, run control), some batches cut
+    from outside mid-call (a seeded choice): after each round every slot is back."""
+    rng = random.Random(limit)
+    names = ["fine", "swallow", "value_error", "tool_error", "mapping", "huge", "blocked", "keyboard"]
+    d = Dispatcher(_fast_registry(), max_concurrent=limit, max_output_bytes=2000)
+    sessions = [d.session("left"), d.session("right")]
+    counter = iter(range(10_000))
+
+    async def batch(s: Any) -> None:
+        picked = [rng.choice(names) for _ in range(rng.choice([1, 1, 2, 3, 4]))]
+        calls = [call(f"k{next(counter)}", name, n=next(counter)) for name in picked]
+        with anyio.CancelScope() as scope:
+            if rng.random() < 0.3:
+                scope.deadline = anyio.current_time() + rng.choice([0.0, 0.001, 0.01, 0.03])
+            with contextlib.suppress(KeyboardInterrupt, HookBlocked):  # a tool's run control
+                await s.dispatch(calls)
+
+    with anyio.fail_after(20):
+        for _ in range(6):
+            async with anyio.create_task_group() as tg:
+                for s in sessions:
+                    for _ in range(3):
+                        tg.start_soon(batch, s)
+            assert d.limiter.borrowed_tokens == 0
+            stats = d.statistics()
+            assert (stats.in_use, stats.waiting, stats.stuck) == (0, 0, ())
+
+
+# --- replay in a session of its own, each time --------------------------------------------------
+
+
+async def test_replays_run_side_by_side_through_one_dispatcher(tmp_path: Path) -> None:
+    """Replays of two recordings, three at a time through one Dispatcher (with a session
+    store, and without), each report ok: none finds another's remembered calls or turn."""
+    from cache import MemorySessionStore
+
+    async def echo(args: Mapping[str, Any], ctx: Any) -> str:
+        await anyio.sleep(0.001)
+        return str(args["text"])
+
+    def registry() -> Registry:
+        return Registry([_tool("echo", echo)])
+
+    paths = []
+    for name in ("a", "b"):
+        path = tmp_path / f"{name}.jsonl"
+        s = Dispatcher(registry()).session(name, record=path)
+        await s.dispatch([call("1", "echo", text="x"), call("2", "echo", text="y")])
+        await s.dispatch([call("3", "echo", text="x")])  # deduped in its run
+        await s.dispatch([openai_call("4", "echo", {"text": "z", "token": SECRET})])
+        s.new_run()
+        await s.dispatch([call("5", "echo", text="x")])  # a new run: it runs again
+        s.close()
+        paths.append(path)
+        assert SECRET not in path.read_text()
+    for store in (None, MemorySessionStore()):
+        d = Dispatcher(registry(), session_store=store)
+        namesake = d.session("replay:a")  # a session of the name replay would give: left alone
+        await namesake.dispatch([call("1", "echo", text="x")])
+        reports: list[Any] = []
+
+        async def one(path: Path, d: Dispatcher = d, reports: list[Any] = reports) -> None:
+            reports.append(await replay(path, d))
+
+        async with anyio.create_task_group() as tg:
+            for path in [*paths, *paths, paths[0]]:
+                tg.start_soon(one, path)
+        assert len(reports) == 5
+        assert all(r.ok and r.calls == 5 for r in reports), reports
+        assert d.limiter.borrowed_tokens == 0
+        assert [e.call_id for e in namesake.history] == ["1"]
