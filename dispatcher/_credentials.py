@@ -414,12 +414,21 @@ def _decoded(inside: str) -> str:
     return value if isinstance(value, str) else inside
 
 
-def _secrets_in_text(text: str) -> set[str]:
+def _secrets_in_text(text: str, *, cut: bool = False) -> set[str]:
     """The secrets in a text that is not under a credential's name: those of the URLs in it,
-    and those of the JSON it may be (a request body, say)."""
+    and those of the form or JSON it may be (a request body, say). `cut`: the text ends
+    where the arguments were cut short, so a URL that ends it may have lost the `@` after
+    its user info (`https://user:pass`): what follows its colon is taken for a password."""
     inside = _Redactor()
     for match in _URL_IN_TEXT.finditer(text):
-        inside.url(match.group(0))
+        url = match.group(0)
+        inside.url(url)
+        if cut and match.end() == len(text):
+            authority = url.partition("://")[2]
+            if "@" not in authority and "/" not in authority and ":" in authority:
+                inside.hide(authority.rpartition(":")[2])
+    if _FORM.fullmatch(text):
+        inside.query(text)
     if text.lstrip()[:1] in ("{", "[") and may_hold_credentials(text):
         inside.secrets.update(redact_json_text(text)[1])
     return inside.secrets
@@ -497,7 +506,7 @@ def _redact_unparsed(text: str, walker: _Redactor) -> str:
                 walker.secrets.add(inside)
                 spans.append((start, end, _number_stand_in(inside)))
             continue
-        found = _secrets_in_text(value)
+        found = _secrets_in_text(value, cut=end == len(text) or text[end] != '"')
         if not found:
             continue
         walker.secrets.update(found)
@@ -509,7 +518,7 @@ def _redact_unparsed(text: str, walker: _Redactor) -> str:
         spans.append((start, end, replaced))
     for match in _URL_IN_TEXT.finditer(text):  # a URL outside any quotes
         url = match.group(0)
-        found = _secrets_in_text(url)
+        found = _secrets_in_text(url, cut=match.end() == len(text))
         walker.secrets.update(found)
         for secret in sorted(found, key=len, reverse=True):
             url = url.replace(secret, _same_length(secret))
