@@ -414,6 +414,26 @@ def _decoded(inside: str) -> str:
     return value if isinstance(value, str) else inside
 
 
+def _failing_alike(inside: str, stand_in_text: str) -> str:
+    """`stand_in_text` (as long as the quoted text's `inside`) failing to read where `inside`
+    does, if it does: the bad escape or control character kept in its place (and no hex
+    digits after a kept `\\u`), so the arguments' error is the same on replay."""
+    try:
+        json.loads(f'"{inside}"')
+    except ValueError as exc:
+        at = getattr(exc, "pos", 1) - 1
+    else:
+        return stand_in_text
+    if not 0 <= at < len(inside):
+        return stand_in_text
+    if at and inside[at - 1] == "\\" and inside[at] == "u":
+        at -= 1  # a bad `\\uXXXX` is placed at its `u`: its backslash is kept too
+    kept = inside[at : at + 2] if inside[at] == "\\" else inside[at]
+    after = "x" * min(4, len(inside) - at - len(kept)) if kept == "\\u" else ""
+    rest = at + len(kept) + len(after)
+    return stand_in_text[:at] + kept + after + stand_in_text[rest:]
+
+
 def _secrets_in_text(text: str, *, cut: bool = False) -> set[str]:
     """The secrets in a text that is not under a credential's name: those of the URLs in it,
     and those of the form or JSON it may be (a request body, say). `cut`: the text ends
@@ -501,7 +521,7 @@ def _redact_unparsed(text: str, walker: _Redactor) -> str:
         if hidden:
             if quoted:
                 walker.hide(value, inside, value.partition(" ")[2].strip())
-                spans.append((start, end, _same_length(inside)))
+                spans.append((start, end, _failing_alike(inside, _same_length(inside))))
             elif inside not in ("true", "false", "null"):
                 walker.secrets.add(inside)
                 spans.append((start, end, _number_stand_in(inside)))
@@ -515,7 +535,7 @@ def _redact_unparsed(text: str, walker: _Redactor) -> str:
             replaced = replaced.replace(secret, _same_length(secret))
         if any(secret in _decoded(replaced) for secret in found):
             replaced = _same_length(inside)  # a secret spelled with escapes: the text whole
-        spans.append((start, end, replaced))
+        spans.append((start, end, _failing_alike(inside, replaced)))
     for match in _URL_IN_TEXT.finditer(text):  # a URL outside any quotes
         url = match.group(0)
         found = _secrets_in_text(url, cut=match.end() == len(text))

@@ -75,7 +75,19 @@ async def test_unparsed_arguments_text_records_no_secret_and_replays(tmp_path: P
     def registry() -> Registry:
         return Registry([Tool("fetch", "Fetch.", fetch, schema, deferred=False)])
 
-    texts = [*UNPARSED, '{"otp": 987654, "x": ', '{"pin": 4321']
+    # texts that fail inside a secret (a bad escape, a control character, a bad \\u, a
+    # bare word) or in a number under a credential's name: the stand-ins fail alike
+    failing = [
+        '{"token": "%s\\x", "q": 1}',
+        '{"token": "%s\n", "q": 1}',
+        '{"token": "\\u12%s", "q": 1}',
+        '{"url": "https://u:%s@h/\\x", "q": 1}',
+        '{"token": %s, "q": 1}',
+        '{"otp": 12x34, "q": 1}',
+        '{"otp": -0.5e, "q": 1}',
+        '{"otp": 0123, "q": 1}',
+    ]
+    texts = [*UNPARSED, *failing, '{"otp": 987654, "x": ', '{"pin": 4321']
     path = tmp_path / "s.jsonl"
     s = Dispatcher(registry()).session("s", record=path, mode="direct")
     for n, text in enumerate(texts):
