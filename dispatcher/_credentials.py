@@ -48,9 +48,11 @@ What `redact_json_text` replaces in text that does not parse
     It is read token by token: a name's escapes are undone before it is judged
     (`"\\u0074oken"` is `token`), an object or array under a credential's name is
     hidden whole, the second of a pair whose first is a credential name too, and a
-    text's URLs and JSON are read with their escapes undone (`https:\\/\\/u:p@host`).
-    Each secret becomes a stand-in of its length (digits for a number), so the text
-    fails to read where it did and its call's error replays the same.
+    text's URLs, form and JSON are read with their escapes undone (`https:\\/\\/u:p@host`);
+    a URL that ends the cut text may have lost the `@` of its user info, so what follows
+    its colon is hidden. Each secret becomes a stand-in of its length (digits for a
+    number; a bad escape or control character inside kept in its place), so the text
+    fails to read where and as it did, and its call's error replays the same.
 
 `credential_values(args)` are the secrets themselves, with the forms a server may echo
 (a header's token without its scheme word, the percent-decoded and raw forms of a URL
@@ -385,8 +387,9 @@ def redact_json_text(text: str) -> tuple[str, frozenset[str]]:
     """Arguments (or any JSON) given as text, with their credentials replaced, and the
     secrets hidden. Text that holds none comes back as it is, byte for byte. What parses is
     redacted as a value and written anew (also when a key is given twice, since json keeps
-    only the last one's value and the earlier ones' would stay in the text); what does not
-    parse keeps every byte but the values of credential names and the credentials of URLs."""
+    only the last one's value and the earlier ones' would stay in the text; a JSON text
+    holding an object or array, JSON encoded twice, is read as what it holds); what does
+    not parse keeps every byte but the secrets the module's docstring lists for it."""
     if not may_hold_credentials(text):
         return text, frozenset()
     walker = _Redactor()
