@@ -211,12 +211,12 @@ class _Nothing:
         return None
 
 
-def _fast_registry() -> Registry:
-    return Registry([_tool(n, h, timeout=0.05) for n, h in HANDLERS.items()])
+def _fast_registry(*, concurrent: bool = True) -> Registry:
+    return Registry([_tool(n, h, timeout=0.05, concurrent=concurrent) for n, h in HANDLERS.items()])
 
 
-def _tool(name: str, handler: Any, **extra: Any) -> Tool:
-    return Tool(name, name, handler, {"type": "object"}, concurrent=True, deferred=False, **extra)
+def _tool(name: str, handler: Any, *, concurrent: bool = True, **extra: Any) -> Tool:
+    return Tool(name, name, handler, {"type": "object"}, concurrent=concurrent, deferred=False, **extra)
 
 
 async def _outcome(d: Dispatcher, names: list[str]) -> tuple[Any, ...]:
@@ -234,12 +234,15 @@ async def _outcome(d: Dispatcher, names: list[str]) -> tuple[Any, ...]:
     return got, tuple((e.call_id, e.result.status.value, e.result.content) for e in s.history)
 
 
+@pytest.mark.parametrize("concurrent", [True, False])
 @pytest.mark.parametrize("name", list(HANDLERS))
-async def test_the_fast_paths_answer_as_the_general_one(name: str) -> None:
+async def test_the_fast_paths_answer_as_the_general_one(name: str, concurrent: bool) -> None:
     """A lone call (`_run_alone`) and a worker's kept-slot call (`_run_kept`, a limit of 1 and
-    a call before it) give what the general path gives (a hook that does nothing forces it)."""
-    fast = Dispatcher(_fast_registry(), max_concurrent=1, max_output_bytes=2000)
-    general = Dispatcher(_fast_registry(), max_concurrent=1, max_output_bytes=2000, hooks=[_Nothing()])
+    a call before it) give what the general path gives (a hook that does nothing forces it);
+    calls that are not concurrent each run alone, in groups of their own."""
+    registry = _fast_registry(concurrent=concurrent)
+    fast = Dispatcher(registry, max_concurrent=1, max_output_bytes=2000)
+    general = Dispatcher(registry, max_concurrent=1, max_output_bytes=2000, hooks=[_Nothing()])
     for names in ([name], ["fine", name], ["fine", name, "fine"]):
         assert await _outcome(fast, names) == await _outcome(general, names), names
 
@@ -287,7 +290,7 @@ async def test_settings_changed_between_batches_hold_for_the_next_batch() -> Non
     batches, are what the next batch runs under (and changed back, the old ones again)."""
 
     async def slow(args: Mapping[str, Any], ctx: Any) -> str:
-        await anyio.sleep(0.1)
+        await anyio.sleep(0.02 if args["n"] != 3 else 0.5)  # the one under a short timeout waits long
         return "y" * 3000
 
     seen: list[str] = []
