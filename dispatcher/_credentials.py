@@ -457,6 +457,19 @@ def _secrets_in_text(text: str, *, cut: bool = False) -> set[str]:
     return inside.secrets
 
 
+def _bounded(secret: str) -> re.Pattern[str]:
+    """Where `secret` stands alone: not inside a longer run of letters and digits (a one
+    letter password is not every such letter of its URL)."""
+    return re.compile(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])")
+
+
+def _stood_in(text: str, secrets: Iterable[str]) -> str:
+    """`text` with each secret, where it stands alone, replaced by its stand-in, longest first."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = _bounded(secret).sub(_same_length(secret), text)  # a stand-in has no backslash
+    return text
+
+
 def _number_stand_in(word: str) -> str:
     """A bare word with its leading number's digits stood in for (the first digit 1, the
     rest 0; a digit 0 stays 0) and the rest by letters: as long, and a number where it was
@@ -523,28 +536,29 @@ def _redact_unparsed(text: str, walker: _Redactor) -> str:
             continue
         if hidden:
             if quoted:
+                if _is_stand_in(inside):
+                    continue  # hidden already: the text is being redacted again
                 walker.hide(value, inside, value.partition(" ")[2].strip())
                 spans.append((start, end, _failing_alike(inside, _same_length(inside))))
             elif inside not in ("true", "false", "null"):
-                walker.secrets.add(inside)
-                spans.append((start, end, _number_stand_in(inside)))
+                hidden_word = _number_stand_in(inside)
+                if hidden_word != inside:  # else a stand-in already
+                    walker.secrets.add(inside)
+                    spans.append((start, end, hidden_word))
             continue
         found = _secrets_in_text(value, cut=end == len(text) or text[end] != '"')
         if not found:
             continue
         walker.secrets.update(found)
-        replaced = inside
-        for secret in sorted(found, key=len, reverse=True):
-            replaced = replaced.replace(secret, _same_length(secret))
-        if any(secret in _decoded(replaced) for secret in found):
+        replaced = _stood_in(inside, found)
+        if any(_bounded(secret).search(_decoded(replaced)) for secret in found if not _is_stand_in(secret)):
             replaced = _same_length(inside)  # a secret spelled with escapes: the text whole
         spans.append((start, end, _failing_alike(inside, replaced)))
     for match in _URL_IN_TEXT.finditer(text):  # a URL outside any quotes
         url = match.group(0)
         found = _secrets_in_text(url, cut=match.end() == len(text))
         walker.secrets.update(found)
-        for secret in sorted(found, key=len, reverse=True):
-            url = url.replace(secret, _same_length(secret))
+        url = _stood_in(url, found)
         if url != match.group(0):
             spans.append((match.start(), match.end(), url))
     out: list[str] = []
@@ -560,8 +574,23 @@ def _redact_unparsed(text: str, walker: _Redactor) -> str:
 
 
 def _same_length(secret: str) -> str:
-    """A stand-in for `secret` as long as it, of letters, digits, dots and dashes only."""
+    """A stand-in for `secret` as long as it, of letters, digits, dots and dashes only: its
+    marker cut or padded with `x` to its length; a stand-in stays itself."""
+    if _is_stand_in(secret):
+        return secret
     return (redact(secret) + "x" * len(secret))[: len(secret)]
+
+
+_STAND_IN_TAIL: Final = re.compile(r"[0-9a-f]{16}x*|[0-9a-f]{0,16}")
+
+
+def _is_stand_in(text: str) -> bool:
+    """True if `text` is what `_same_length` makes of a text of its length, so that text
+    redacted again keeps it (a marker's hash would change: it is not that text's)."""
+    head = f"redacted.len-{len(text)}.xxh3-"
+    if len(text) <= len(head):
+        return text == head[: len(text)]
+    return text.startswith(head) and _STAND_IN_TAIL.fullmatch(text, len(head)) is not None
 
 
 def redact_arguments(args: Mapping[str, Any]) -> dict[str, Any]:
