@@ -37,11 +37,22 @@ What `redact_arguments` replaces, at any depth
       is kept as written (tabs and line breaks, which URL parsing drops, are dropped);
     - a text `body`: a JSON object or array is redacted field by field, a form
       (`a=1&password=x`) parameter by parameter; any other text body of a call that
-      carries credentials is replaced whole (the rule cannot see names in it).
+      carries credentials is replaced whole (the rule cannot see names in it), and in
+      the body of one that carries none, JSON that does not parse is read as below.
     Booleans and nulls are kept (they hide nothing), and so are empty texts. A number
     under a credential's name becomes a marker too: its secret outweighs a replay that
     then fails the tool's `integer` schema. `code` is a credential only as a query
     parameter: as an argument it is usually a program.
+
+What `redact_json_text` replaces in text that does not parse
+    It is read token by token: a name's escapes are undone before it is judged
+    (`"\\u0074oken"` is `token`), an object or array under a credential's name is
+    hidden whole, the second of a pair whose first is a credential name too, and a
+    text's URLs, form and JSON are read with their escapes undone (`https:\\/\\/u:p@host`);
+    a URL that ends the cut text may have lost the `@` of its user info, so what follows
+    its colon is hidden. Each secret becomes a stand-in of its length (digits for a
+    number; a bad escape or control character inside kept in its place), so the text
+    fails to read where and as it did, and its call's error replays the same.
 
 `credential_values(args)` are the secrets themselves, with the forms a server may echo
 (a header's token without its scheme word, the percent-decoded and raw forms of a URL
@@ -340,9 +351,12 @@ class _Redactor:
             return body if redacted == parsed and not repeated else json.dumps(redacted, ensure_ascii=False)
         if _FORM.fullmatch(body):
             return self.query(body)
-        if is_marker(body) or not carries_credentials(request):
+        if is_marker(body):
             return body
-        return self.hide(body)
+        if carries_credentials(request):
+            return self.hide(body)
+        # JSON cut short, say: read as arguments text that does not parse is
+        return _redact_unparsed(body, self) if may_hold_credentials(body) else body
 
 
 def _loads_noting_repeats(text: str) -> tuple[Any, bool]:
@@ -360,17 +374,22 @@ def _loads_noting_repeats(text: str) -> tuple[Any, bool]:
     return json.loads(text, object_pairs_hook=pairs), repeated
 
 
-# in JSON text that does not parse: a quoted name, a colon, and a quoted text or a bare word
-_NAMED_VALUE: Final = re.compile(r'"((?:[^"\\]|\\.)*)"(\s*:\s*)("(?:[^"\\]|\\.)*"?|[^\s,{}\[\]"]+)')
-_URL_IN_TEXT: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
+# JSON text that does not parse, as tokens: a quoted text (perhaps cut short), a mark, or a
+# bare word; the space between them is skipped
+_JSON_TOKEN: Final = re.compile(r'"((?:[^"\\]|\\.)*)(?:"|\\?\Z)|[{}\[\],:]|[^\s,:{}\[\]"]+')
+_JSON_NUMBER: Final = re.compile(r"-?[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]*)?")
+# a URL in text: its scheme starts a word (so a long run of letters is not scanned again
+# from each of them)
+_URL_IN_TEXT: Final = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
 
 
 def redact_json_text(text: str) -> tuple[str, frozenset[str]]:
     """Arguments (or any JSON) given as text, with their credentials replaced, and the
     secrets hidden. Text that holds none comes back as it is, byte for byte. What parses is
     redacted as a value and written anew (also when a key is given twice, since json keeps
-    only the last one's value and the earlier ones' would stay in the text); what does not
-    parse keeps every byte but the values of credential names and the credentials of URLs."""
+    only the last one's value and the earlier ones' would stay in the text; a JSON text
+    holding an object or array, JSON encoded twice, is read as what it holds); what does
+    not parse keeps every byte but the secrets the module's docstring lists for it."""
     if not may_hold_credentials(text):
         return text, frozenset()
     walker = _Redactor()
@@ -378,43 +397,175 @@ def redact_json_text(text: str) -> tuple[str, frozenset[str]]:
         parsed, repeated = _loads_noting_repeats(text)
     except (ValueError, RecursionError):
         return _redact_unparsed(text, walker), frozenset(walker.secrets)
+    if isinstance(parsed, str) and parsed.lstrip()[:1] in ("{", "["):
+        inner, found = redact_json_text(parsed)  # JSON given as a JSON text: encoded twice
+        return (text, found) if inner == parsed else (json.dumps(inner, ensure_ascii=False), found)
     redacted = walker.walk(parsed)
     if redacted == parsed and not repeated:
         return text, frozenset(walker.secrets)
     return json.dumps(redacted, ensure_ascii=False), frozenset(walker.secrets)
 
 
-def _redact_unparsed(text: str, walker: _Redactor) -> str:
-    """Text that is not JSON (cut short, say): the value after each credential name, and
-    the credentials in each URL, replaced by stand-ins of the same length (a marker cut or
-    padded to it); every other byte kept, so that reading it again fails where it did."""
-    spans: list[tuple[int, int, str]] = []
-    for match in _NAMED_VALUE.finditer(text):
-        if not is_credential_name(match.group(1)):
-            continue
-        start, end = match.span(3)
-        value = match.group(3)
-        if value.startswith('"'):
-            start += 1
-            if len(value) > 1 and value.endswith('"'):
-                end -= 1
-        if end > start:
-            walker.hide(text[start:end])
-            spans.append((start, end, _same_length(text[start:end])))
+def _decoded(inside: str) -> str:
+    """What a quoted JSON text's inside reads as (escapes undone); as written if it cannot be read."""
+    if "\\" not in inside:
+        return inside
+    try:
+        value = json.loads(f'"{inside}"')
+    except ValueError:
+        return inside
+    return value if isinstance(value, str) else inside
+
+
+def _failing_alike(inside: str, stand_in_text: str) -> str:
+    """`stand_in_text` (as long as the quoted text's `inside`) failing to read where `inside`
+    does, if it does: the bad escape or control character kept in its place (and no hex
+    digits after a kept `\\u`), so the arguments' error is the same on replay."""
+    try:
+        json.loads(f'"{inside}"')
+    except ValueError as exc:
+        at = getattr(exc, "pos", 1) - 1
+    else:
+        return stand_in_text
+    if not 0 <= at < len(inside):
+        return stand_in_text
+    if at and inside[at - 1] == "\\" and inside[at] == "u":
+        at -= 1  # a bad `\\uXXXX` is placed at its `u`: its backslash is kept too
+    kept = inside[at : at + 2] if inside[at] == "\\" else inside[at]
+    after = "x" * min(4, len(inside) - at - len(kept)) if kept == "\\u" else ""
+    rest = at + len(kept) + len(after)
+    return stand_in_text[:at] + kept + after + stand_in_text[rest:]
+
+
+def _secrets_in_text(text: str, *, cut: bool = False) -> set[str]:
+    """The secrets in a text that is not under a credential's name: those of the URLs in it,
+    and those of the form or JSON it may be (a request body, say). `cut`: the text ends
+    where the arguments were cut short, so a URL that ends it may have lost the `@` after
+    its user info (`https://user:pass`): what follows its colon is taken for a password."""
+    inside = _Redactor()
     for match in _URL_IN_TEXT.finditer(text):
         url = match.group(0)
-        inside = _Redactor()  # what this URL holds, whatever was found before it
         inside.url(url)
-        walker.secrets.update(inside.secrets)
-        for secret in sorted(inside.secrets, key=len, reverse=True):
-            url = url.replace(secret, _same_length(secret))
+        if cut and match.end() == len(text):
+            authority = url.partition("://")[2]
+            if "@" not in authority and "/" not in authority and ":" in authority:
+                inside.hide(authority.rpartition(":")[2])
+    if _FORM.fullmatch(text):
+        inside.query(text)
+    if text.lstrip()[:1] in ("{", "[") and may_hold_credentials(text):
+        inside.secrets.update(redact_json_text(text)[1])
+    return inside.secrets
+
+
+def _bounded(secret: str) -> re.Pattern[str]:
+    """Where `secret` stands alone: not inside a longer run of letters and digits (a one
+    letter password is not every such letter of its URL)."""
+    return re.compile(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])")
+
+
+def _stood_in(text: str, secrets: Iterable[str]) -> str:
+    """`text` with each secret, where it stands alone, replaced by its stand-in, longest first."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = _bounded(secret).sub(_same_length(secret), text)  # a stand-in has no backslash
+    return text
+
+
+def _number_stand_in(word: str) -> str:
+    """A bare word with its leading number's digits stood in for (the first digit 1, the
+    rest 0; a digit 0 stays 0) and the rest by letters: as long, and a number where it was
+    one, so the text fails to read where it did."""
+    match = _JSON_NUMBER.match(word)
+    if match is None:
+        return _same_length(word)
+    number, rest = match.group(0), word[match.end() :]
+    out: list[str] = []
+    seen = False
+    for char in number:
+        if char in "123456789":
+            out.append("0" if seen else "1")
+            seen = True
+        else:
+            out.append(char)
+    return "".join(out) + (_same_length(rest) if rest else "")
+
+
+def _redact_unparsed(text: str, walker: _Redactor) -> str:
+    """Text that is not JSON (cut short, say), read token by token: each value under a
+    credential's name (its name's escapes undone; an object or array under it whole), the
+    second of a pair whose first is one (`["Authorization", "Bearer x"]`), and the secrets
+    of URLs and of JSON inside texts, replaced by stand-ins of the same length (a marker
+    cut or padded to it, digits for a number); every other byte kept, so that reading it
+    again fails where it did."""
+    spans: list[tuple[int, int, str]] = []
+    tokens = list(_JSON_TOKEN.finditer(text))
+    # per open object or array: [is an array, all hidden, index in it, a pair's first is a name]
+    frames: list[list[Any]] = []
+    named = False  # the next value is under a credential's name
+    for at, token in enumerate(tokens):
+        piece = token.group(0)
+        frame = frames[-1] if frames else None
+        if piece in ("{", "["):
+            hidden = named or (frame is not None and (frame[1] or (frame[0] and frame[2] == 1 and frame[3])))
+            frames.append([piece == "[", hidden, 0, False])
+            named = False
+            continue
+        if piece in ("}", "]"):
+            if frames:
+                frames.pop()
+            named = False
+            continue
+        if piece == ",":
+            if frame is not None:
+                frame[2] += 1
+            named = False
+            continue
+        if piece == ":":
+            continue
+        quoted = token.group(1) is not None
+        start, end = token.span(1) if quoted else token.span()
+        inside = text[start:end]
+        value = _decoded(inside) if quoted else inside
+        if quoted and at + 1 < len(tokens) and tokens[at + 1].group(0) == ":":
+            named = is_credential_name(value)  # a name: the value after it is judged by it
+            continue
+        hidden = named or (frame is not None and (frame[1] or (frame[0] and frame[2] == 1 and frame[3])))
+        if frame is not None and frame[0] and frame[2] == 0 and quoted and is_credential_name(value):
+            frame[3] = True
+        named = False
+        if not inside:
+            continue
+        if hidden:
+            if quoted:
+                if _is_stand_in(inside):
+                    continue  # hidden already: the text is being redacted again
+                walker.hide(value, inside, value.partition(" ")[2].strip())
+                spans.append((start, end, _failing_alike(inside, _same_length(inside))))
+            elif inside not in ("true", "false", "null"):
+                hidden_word = _number_stand_in(inside)
+                if hidden_word != inside:  # else a stand-in already
+                    walker.secrets.add(inside)
+                    spans.append((start, end, hidden_word))
+            continue
+        found = _secrets_in_text(value, cut=end == len(text) or text[end] != '"')
+        if not found:
+            continue
+        walker.secrets.update(found)
+        replaced = _stood_in(inside, found)
+        if any(_bounded(secret).search(_decoded(replaced)) for secret in found if not _is_stand_in(secret)):
+            replaced = _same_length(inside)  # a secret spelled with escapes: the text whole
+        spans.append((start, end, _failing_alike(inside, replaced)))
+    for match in _URL_IN_TEXT.finditer(text):  # a URL outside any quotes
+        url = match.group(0)
+        found = _secrets_in_text(url, cut=match.end() == len(text))
+        walker.secrets.update(found)
+        url = _stood_in(url, found)
         if url != match.group(0):
             spans.append((match.start(), match.end(), url))
     out: list[str] = []
     at = 0
     for start, end, stand_in_text in sorted(spans):
         if start < at:
-            continue  # inside one replaced already (a URL under a credential's name)
+            continue  # inside one replaced already (a URL in a text replaced whole)
         out.append(text[at:start])
         out.append(stand_in_text)
         at = end
@@ -423,8 +574,23 @@ def _redact_unparsed(text: str, walker: _Redactor) -> str:
 
 
 def _same_length(secret: str) -> str:
-    """A stand-in for `secret` as long as it, of letters, digits, dots and dashes only."""
+    """A stand-in for `secret` as long as it, of letters, digits, dots and dashes only: its
+    marker cut or padded with `x` to its length; a stand-in stays itself."""
+    if _is_stand_in(secret):
+        return secret
     return (redact(secret) + "x" * len(secret))[: len(secret)]
+
+
+_STAND_IN_TAIL: Final = re.compile(r"[0-9a-f]{16}x*|[0-9a-f]{0,16}")
+
+
+def _is_stand_in(text: str) -> bool:
+    """True if `text` is what `_same_length` makes of a text of its length, so that text
+    redacted again keeps it (a marker's hash would change: it is not that text's)."""
+    head = f"redacted.len-{len(text)}.xxh3-"
+    if len(text) <= len(head):
+        return text == head[: len(text)]
+    return text.startswith(head) and _STAND_IN_TAIL.fullmatch(text, len(head)) is not None
 
 
 def redact_arguments(args: Mapping[str, Any]) -> dict[str, Any]:

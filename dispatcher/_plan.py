@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import attrs
 import xxhash
 
-from ._credentials import carries_credentials
+from ._credentials import carries_credentials, redact_json_text
 from ._fastcheck import fast_verdict
 from ._policy import resources_overlap
 from ._registry import RegisteredTool, Registry
@@ -496,10 +496,13 @@ class Planner:
             self._fail(d, Status.invalid_arguments, "arguments nest too deeply to read")
             return None
         if not isinstance(value, dict):
+            shown_start = redact_json_text(raw)[0][:80]
             self._fail(
                 d,
                 Status.invalid_arguments,
-                f"arguments must be a JSON object, got {type(value).__name__}: {raw[:80]!r}",
+                # quoted redacted: a secret cut at the 80th character would not be found whole
+                # in the result, so a recording would keep its first part
+                f"arguments must be a JSON object, got {type(value).__name__}: {shown_start!r}",
                 hint="send the arguments as one JSON object",
             )
             return None
