@@ -1,6 +1,6 @@
-"""Today's promises, tried hard: arguments text whose secrets hide from the recorder's
-rule for unparsed text, the executor's fast paths against the general one, settings
-changed between batches, a session's turns, and replay run again and again."""
+"""Promises tried hard: arguments text whose secrets hide from the recorder's rule for
+unparsed text, the executor's one-frame paths against the general one, settings changed
+between batches, a session's turns, and replay run again and again."""
 
 from __future__ import annotations
 
