@@ -161,18 +161,19 @@ async def test_a_call_that_swallows_each_cancellation_is_cut_at_every_wait(autoj
     assert swallowed == [1.0, 1.0, 1.0] and trio.current_time() - began == 1.0
 
 
+async def swallower(args: Mapping[str, Any], ctx: Any) -> str:
+    """A handler that swallows its timeout in its own scope and returns without waiting again."""
+    with trio.move_on_after(50):
+        try:  # noqa: SIM105 - swallowed on purpose: the point of this tool
+            await trio.sleep(10)
+        except trio.Cancelled:
+            pass
+    return "late"
+
+
 async def test_a_call_that_swallows_its_timeout_and_returns_is_late_on_a_real_clock() -> None:
     """On the real clock, a handler that swallows its timeout in its own scope and returns
     without waiting again is timed_out: its value came too late."""
-
-    async def swallower(args: Mapping[str, Any], ctx: Any) -> str:
-        with trio.move_on_after(50):
-            try:  # noqa: SIM105 - swallowed on purpose: the point of this tool
-                await trio.sleep(10)
-            except trio.Cancelled:
-                pass
-        return "late"
-
     with trio.fail_after(5):
         [result] = (
             await handler_dispatcher(swallower, timeout=0.05).session("s").dispatch([bare_call("swallower")])
@@ -446,19 +447,9 @@ async def test_a_later_step_that_holds_the_loop_is_reported_and_late() -> None:
 
 
 def _swallower_tool(name: str) -> Tool:
-    """A concurrent tool that swallows its timeout in its own scope and returns without
-    waiting again."""
-
-    async def swallow(args: Mapping[str, Any], ctx: Any) -> str:
-        with trio.move_on_after(50):
-            try:  # noqa: SIM105 - swallowed on purpose: the point of this tool
-                await trio.sleep(10)
-            except trio.Cancelled:
-                pass
-        return "late"
-
+    """`swallower` as a concurrent tool with a timeout of 1 s."""
     return Tool(
-        name, f"The {name} tool.", swallow, NO_ARGUMENTS, deferred=False, timeout=1.0, concurrent=True
+        name, f"The {name} tool.", swallower, NO_ARGUMENTS, deferred=False, timeout=1.0, concurrent=True
     )
 
 

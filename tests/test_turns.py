@@ -3,14 +3,14 @@ cancelled while it waits (or just as its turn came) never costs anyone else thei
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
 
-from dispatcher import Dispatcher, Registry, Tool, ToolCall
+from dispatcher import Dispatcher, Registry, Session, Tool, ToolCall
 from dispatcher._turns import Turns
 
 from ._fakes import TEXT_SCHEMA
@@ -44,7 +44,9 @@ async def _until(condition: Any) -> None:
             await anyio.lowlevel.checkpoint()
 
 
-async def test_batches_of_one_session_run_one_at_a_time_in_the_order_they_came() -> None:
+def _holding_session() -> tuple[Session, anyio.Event, list[str], list[str], Callable[[str], Awaitable[None]]]:
+    """A session of `hold`, the gate that lets it go, the log of starts and ends, the texts
+    of batches done in the order they ended, and what runs one batch of a text."""
     log: list[str] = []
     gate = anyio.Event()
     s = _dispatcher(log, gate).session("s")
@@ -54,6 +56,11 @@ async def test_batches_of_one_session_run_one_at_a_time_in_the_order_they_came()
         [result] = await s.dispatch(_batch(text))
         done.append(result.content)
 
+    return s, gate, log, done, run
+
+
+async def test_batches_of_one_session_run_one_at_a_time_in_the_order_they_came() -> None:
+    s, gate, log, done, run = _holding_session()
     async with anyio.create_task_group() as tg:
         tg.start_soon(run, "a")
         await _until(lambda: log == ["start a"])
@@ -67,15 +74,7 @@ async def test_batches_of_one_session_run_one_at_a_time_in_the_order_they_came()
 
 
 async def test_a_dispatch_cancelled_while_it_waits_leaves_the_queue_and_the_next_goes_on() -> None:
-    log: list[str] = []
-    gate = anyio.Event()
-    s = _dispatcher(log, gate).session("s")
-    done: list[str] = []
-
-    async def run(text: str) -> None:
-        [result] = await s.dispatch(_batch(text))
-        done.append(result.content)
-
+    s, gate, log, done, run = _holding_session()
     async with anyio.create_task_group() as tg:
         tg.start_soon(run, "a")
         await _until(lambda: log == ["start a"])
