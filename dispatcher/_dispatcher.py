@@ -186,6 +186,8 @@ class Dispatcher:
         copying them."""
         if runner is not None or before_write is not None:
             return self._new_executor(bound, runner, before_write, deadline, context)
+        # compared by value: the binding, hook set and numbers are values, the limiter and
+        # watch compare by identity
         key = (bound, self.limiter, self.timeout, self.hook_set, self.max_output_bytes, self.watch)
         kept = self._template
         if kept is None or kept[0] != key:

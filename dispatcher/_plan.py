@@ -403,12 +403,11 @@ class Planner:
 
     def lookup(self, name: str) -> RegisteredTool | None:
         """The tool called `name`, core tools first (asked once per name and batch)."""
-        try:
-            return self._looked_up[name]
-        except KeyError:
-            found = self._core.registered(name) or self._registry.registered(name)
-            self._looked_up[name] = found
-            return found
+        looked_up = self._looked_up
+        if name in looked_up:  # not a KeyError: raising one costs more than asking twice
+            return looked_up[name]
+        found = looked_up[name] = self._core.registered(name) or self._registry.registered(name)
+        return found
 
     def palette(self) -> tuple[str, ...]:
         names = dict.fromkeys(self._core.names())
