@@ -38,7 +38,9 @@ What `redact_arguments` replaces, at any depth
     - a text `body`: a JSON object or array is redacted field by field, a form
       (`a=1&password=x`) parameter by parameter; any other text body of a call that
       carries credentials is replaced whole (the rule cannot see names in it), and in
-      the body of one that carries none, JSON that does not parse is read as below.
+      the body of one that carries none, JSON that does not parse is read as below;
+    - any other text that holds a JSON object or array (a config file's content, a
+      query) is read as what it holds, field by field, and written anew if that changes.
     Booleans and nulls are kept (they hide nothing), and so are empty texts. A number
     under a credential's name becomes a marker too: its secret outweighs a replay that
     then fails the tool's `integer` schema. `code` is a credential only as a query
@@ -271,9 +273,24 @@ class _Redactor:
             return self.mapping(value)
         if isinstance(value, list | tuple):
             return [self.walk(v) for v in value]
-        if isinstance(value, str) and _URL_START.match(value):
-            return self.url(value)
+        if isinstance(value, str):
+            if _URL_START.match(value):
+                return self.url(value)
+            if value[:1] in ("{", "[") and may_hold_credentials(value):
+                return self.json_text(value)
         return value
+
+    def json_text(self, text: str) -> str:
+        """A text argument that holds a JSON object or array (a config file's content, a
+        query): read as what it holds, as a `body` is, and written anew if that changes."""
+        try:
+            parsed, repeated = _loads_noting_repeats(text)
+        except (ValueError, RecursionError):
+            return text  # not JSON after all: a text like any other
+        if not isinstance(parsed, dict | list):
+            return text
+        redacted = self.walk(parsed)
+        return text if redacted == parsed and not repeated else json.dumps(redacted, ensure_ascii=False)
 
     def mapping(self, args: Mapping[Any, Any]) -> dict[Any, Any]:
         out: dict[Any, Any] = {}

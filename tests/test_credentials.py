@@ -27,6 +27,7 @@ from dispatcher._credentials import (
     is_marker,
     redact,
     redact_arguments,
+    redact_collecting,
     redact_json_text,
     redact_text,
     url_credentials,
@@ -418,3 +419,31 @@ def test_a_key_given_twice_is_written_as_json_read_it() -> None:
     """Where a credential could be, a text that gives a key twice is written anew from what
     json read (the last value): what the first held is gone from the text, as from the call."""
     assert redact_json_text('{"note": "key", "note": "x"}') == ('{"note": "x"}', frozenset())
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"content": '{"api_key": "%s", "n": 1}'},
+        {"q": '[{"headers": {"Authorization": "Bearer %s"}}]'},
+        {"outer": {"config": '{"password": "%s"}'}},
+        {"content": '{"token": "x", "token": "%s"}'},
+    ],
+)
+def test_a_text_argument_holding_json_is_read_as_what_it_holds(args: dict[str, Any]) -> None:
+    """A config file's content, a query: JSON given as a text argument is redacted as a
+    `body` is, and redacting the result again changes nothing."""
+
+    def filled(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: filled(v) for k, v in value.items()}
+        return value % TEXT_SECRET if isinstance(value, str) and "%s" in value else value
+
+    redacted, found = redact_collecting(filled(args))
+    assert TEXT_SECRET not in json.dumps(redacted) and TEXT_SECRET in found
+    assert redact_arguments(redacted) == redacted
+
+
+@pytest.mark.parametrize("text", ["{not json, key}", "[1, 2, 3]", '{"note": "a key"}', "{"])
+def test_a_text_argument_that_only_looks_like_json_is_kept(text: str) -> None:
+    assert redact_arguments({"content": text}) == {"content": text}

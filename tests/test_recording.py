@@ -798,3 +798,26 @@ async def test_arguments_text_that_hides_a_secret_from_json_is_recorded_without_
     assert secret not in path.read_text()
     report = await replay(path, Dispatcher(registry()))
     assert report.ok and report.calls == len(texts), report
+
+
+async def test_a_text_argument_holding_json_is_recorded_without_its_secrets(tmp_path: Path) -> None:
+    """A tool given a config file's content as text: the recording holds it redacted, and
+    replays clean (replay redacts the call it makes the same way)."""
+    secret = "sk-live-abcdefghijklmnop123456"
+    schema = {"type": "object", "properties": {"content": {"type": "string"}}, "required": ["content"]}
+
+    async def save(args: Mapping[str, Any], ctx: Any) -> str:
+        return f"saved {len(args['content'])} characters"
+
+    def registry() -> Registry:
+        return Registry([Tool("save", "Save.", save, schema, deferred=False)])
+
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(registry()).session("s", record=path, mode="direct")
+    content = json.dumps({"service": "search", "api_key": secret})
+    [result] = await s.dispatch([openai_call("c", "save", {"content": content})])
+    s.close()
+    assert result.content == f"saved {len(content)} characters"  # the tool saw the text as sent
+    assert secret not in path.read_text()
+    report = await replay(path, Dispatcher(registry()))
+    assert report.ok and report.calls == 1, report
