@@ -450,11 +450,16 @@ class Reference:
         assert len(done) == len(calls)
         return Prediction(done, (), tuple(executed))
 
-    def race(self, reader: str, writer: str, peek: ToolCall, write: ToolCall) -> tuple[Outcome, Prediction]:
-        """`peek` (forced) takes its snapshot, then `write` runs and commits in another
-        session, then the read returns: its result stands, but it is neither remembered nor
-        cached, since what it read moved while it ran."""
-        before = Outcome(Status.ok, "peek " + shown(args_of(peek)["path"], self.files))
+    def runs(self, name: str, call: ToolCall) -> bool:
+        """Whether `call`, alone in a batch of session `name`, would run (not be served)."""
+        steps, _ = self._plan(self.sessions[name], [call], {})
+        return isinstance(steps[0], _Run)
+
+    def race(self, reader: str, writer: str, read: ToolCall, write: ToolCall) -> tuple[Outcome, Prediction]:
+        """`read` (a read or peek that runs) takes its snapshot, then `write` runs and
+        commits in another session, then the read returns: its result stands, but it is
+        neither remembered nor cached, since what it read moved while it ran."""
+        before = self._execute(read)  # what it read: the files before the write
         return before, self.dispatch(writer, [write], {})
 
 
@@ -681,12 +686,24 @@ class KernelMachine(RuleBasedStateMachine):
         self.model.new_run(name)
 
     @precondition(lambda self: self.variant.races)
-    @rule(reader_first=st.booleans(), path=st.sampled_from(PATHS), text=st.sampled_from(("x", "y")))
-    def race(self, reader_first: bool, path: str, text: str) -> None:
-        """A forced peek in one session of dispatcher 1 takes its snapshot, a write of the same
-        file in the other session commits, then the peek returns."""
+    @rule(
+        reader_first=st.booleans(),
+        path=st.sampled_from(PATHS),
+        text=st.sampled_from(("x", "y")),
+        kind=st.sampled_from(("forced peek", "peek", "read")),
+    )
+    def race(self, reader_first: bool, path: str, text: str, kind: str) -> None:
+        """A read in one session of dispatcher 1 takes its snapshot, a write of the same file
+        in the other session commits, then the read returns. The read is a forced peek, or
+        a peek or read that the model says runs (one it would serve has nothing to race):
+        a raced read must be neither remembered by its session nor stored."""
         reader, writer = ("p", "q") if reader_first else ("q", "p")
-        peek = ToolCall(self._new_id(), "peek", {"path": path, "force": True})
+        name = "read" if kind == "read" else "peek"
+        peek = ToolCall(
+            self._new_id(), name, {"path": path, "force": True} if kind == "forced peek" else {"path": path}
+        )
+        if not self.model.runs(reader, peek):
+            peek = ToolCall(peek.id, "peek", {"path": path, "force": True})
         write = ToolCall(self._new_id(), "write", {"path": path, "text": text})
         expected_read, expected_write = self.model.race(reader, writer, peek, write)
         start = len(self.world.log)
