@@ -175,17 +175,6 @@ class _Slot:
         self.running = None
 
 
-def _shortest_timeout(group: Sequence[PlannedCall], default: float) -> float:
-    """The smallest timeout among a group's calls (`Executor._timeout_of` of each)."""
-    shortest = math.inf
-    for planned in group:
-        tool = planned.tool
-        timeout = (tool.tool.timeout if tool is not None else None) or default
-        if timeout < shortest:
-            shortest = timeout
-    return shortest
-
-
 @attrs.define(eq=False)
 class _Crew:
     """The workers of one concurrent group, the calls they share and who supervises them."""
@@ -233,9 +222,7 @@ class Executor:
         # not add a second one, so threads are started under this unbounded limiter
         self._thread_limiter = thread_limiter
         self._timeout = default_timeout
-        self._deadline = deadline
         self._hooks = hooks
-        self._context = context  # run id, round, deadline and host of every call's ToolContext
         self._max_out = max_output_bytes
         self._runner = runner
         # replay's runner may serve a recorded result at once; hooks wrap every call that starts
@@ -250,16 +237,24 @@ class Executor:
         self._now = primitives.clock
         self._p = primitives
         self._waiting = primitives.waiting
+        self._watch = watch if watch is not None else Watch(None, DEFAULT_BLOCK_THRESHOLD)
+        self._holding = self._watch.holding
+        self._blocking = self._watch.blocking
+        self._begin(deadline, context)
+        # what `fresh` copies: everything, those of one batch made anew (keeping them in the
+        # copy sizes it for them)
+        self._settings = dict(vars(self))
+
+    def _begin(
+        self, deadline: float | None, context: tuple[int, int, float | None, ContextHost | None]
+    ) -> None:
+        """What belongs to one batch: its deadline and calls' context, and what it fills."""
+        self._deadline = deadline
+        self._context = context  # run id, round, deadline and host of every call's ToolContext
         self.results: dict[int, ToolResult] = {}
         self.started: set[int] = set()  # calls whose handler (or, in replay, runner) was started
         self.control = RunControl()
         self._nested = False
-        self._watch = watch if watch is not None else Watch(None, DEFAULT_BLOCK_THRESHOLD)
-        self._holding = self._watch.holding
-        self._blocking = self._watch.blocking
-        # what `fresh` copies: everything, those of one batch made anew (keeping them in the
-        # copy sizes it for them)
-        self._settings = dict(vars(self))
 
     def fresh(
         self, deadline: float | None, context: tuple[int, int, float | None, ContextHost | None]
@@ -268,12 +263,7 @@ class Executor:
         `deadline` and `context`: one dict copied, where `__init__` works each out again."""
         made = object.__new__(Executor)
         made.__dict__ = self._settings.copy()
-        made._deadline = deadline
-        made._context = context
-        made.results = {}
-        made.started = set()
-        made.control = RunControl()
-        made._nested = False
+        made._begin(deadline, context)
         return made
 
     def _timeout_of(self, planned: PlannedCall) -> float:
@@ -352,7 +342,7 @@ class Executor:
             done=self._p.event(),
             todo=collections.deque(group),
             most=max(1, int(min(len(group), self._limiter.total_tokens))),
-            shortest=_shortest_timeout(group, self._timeout),
+            shortest=min(self._timeout_of(p) for p in group),
         )
         async with self._p.task_group() as nursery:
             crew.nursery = nursery
@@ -637,7 +627,7 @@ class Executor:
             return
         tool = planned.tool
         assert tool is not None
-        timeout = tool.tool.timeout or self._timeout
+        timeout = self._timeout_of(planned)
         borrower = slot.borrower
         ctx = new_context(planned.call_id, planned.name, *self._context)
         index = planned.index
@@ -657,11 +647,7 @@ class Executor:
         except BaseException as exc:
             self._land_raised(planned, slot, exc, started, t0)
         finally:
-            limiter = self._limiter
-            if self._waiting(limiter):  # `_done_with`: someone waits, so the slot goes back
-                slot.borrower = None
-                del self._holding[borrower]
-                limiter.release_on_behalf_of(borrower)
+            self._done_with(slot, borrower)
 
     async def _run_alone(self, planned: PlannedCall) -> bool:
         """`_run_call` of an async tool run alone, when nothing but the handler runs between
@@ -678,7 +664,7 @@ class Executor:
             return False
         tool = planned.tool
         assert tool is not None
-        timeout = tool.tool.timeout or self._timeout
+        timeout = self._timeout_of(planned)
         ctx = new_context(planned.call_id, planned.name, *self._context)
         index = planned.index
         holding = self._holding
