@@ -277,20 +277,21 @@ class _Redactor:
             if _URL_START.match(value):
                 return self.url(value)
             if value[:1] in ("{", "[") and may_hold_credentials(value):
-                return self.json_text(value)
+                # a text argument that holds JSON (a config file's content, a query): read
+                # as what it holds, as a `body` is; else a text like any other
+                redacted = self.json_in(value)
+                return value if redacted is None else redacted
         return value
 
-    def json_text(self, text: str) -> str:
-        """A text argument that holds a JSON object or array (a config file's content, a
-        query): read as what it holds, as a `body` is, and written anew if that changes."""
+    def json_in(self, text: str) -> str | None:
+        """`text` redacted as the JSON object or array it holds, or None if it holds none."""
         try:
             parsed, repeated = _loads_noting_repeats(text)
         except (ValueError, RecursionError):
-            return text  # not JSON after all: a text like any other
+            return None
         if not isinstance(parsed, dict | list):
-            return text
-        redacted = self.walk(parsed)
-        return text if redacted == parsed and not repeated else json.dumps(redacted, ensure_ascii=False)
+            return None
+        return _written(text, parsed, self.walk(parsed), repeated)
 
     def mapping(self, args: Mapping[Any, Any]) -> dict[Any, Any]:
         out: dict[Any, Any] = {}
@@ -357,15 +358,8 @@ class _Redactor:
         return head + netloc + rest
 
     def body(self, body: str, request: Mapping[Any, Any]) -> str:
-        try:
-            parsed, repeated = _loads_noting_repeats(body)
-        except (ValueError, RecursionError):
-            parsed, repeated = None, False
-        if isinstance(parsed, dict | list):
-            redacted = self.walk(parsed)
-            # a key given twice: what the first one held is not in `parsed`, so the text is
-            # written anew from what was read
-            return body if redacted == parsed and not repeated else json.dumps(redacted, ensure_ascii=False)
+        if (redacted := self.json_in(body)) is not None:
+            return redacted
         if _FORM.fullmatch(body):
             return self.query(body)
         if is_marker(body):
@@ -374,6 +368,13 @@ class _Redactor:
             return self.hide(body)
         # JSON cut short, say: read as arguments text that does not parse is
         return _redact_unparsed(body, self) if may_hold_credentials(body) else body
+
+
+def _written(text: str, parsed: Any, redacted: Any, repeated: bool) -> str:
+    """JSON `text`, which read as `parsed`, once its credentials are `redacted`: as it stands
+    if that changed nothing; else written anew from what was read (also when a key was
+    given twice: what the first one held is in the text and nowhere in `parsed`)."""
+    return text if redacted == parsed and not repeated else json.dumps(redacted, ensure_ascii=False)
 
 
 def _loads_noting_repeats(text: str) -> tuple[Any, bool]:
@@ -417,10 +418,7 @@ def redact_json_text(text: str) -> tuple[str, frozenset[str]]:
     if isinstance(parsed, str) and parsed.lstrip()[:1] in ("{", "["):
         inner, found = redact_json_text(parsed)  # JSON given as a JSON text: encoded twice
         return (text, found) if inner == parsed else (json.dumps(inner, ensure_ascii=False), found)
-    redacted = walker.walk(parsed)
-    if redacted == parsed and not repeated:
-        return text, frozenset(walker.secrets)
-    return json.dumps(redacted, ensure_ascii=False), frozenset(walker.secrets)
+    return _written(text, parsed, walker.walk(parsed), repeated), frozenset(walker.secrets)
 
 
 def _decoded(inside: str) -> str:
