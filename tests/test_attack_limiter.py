@@ -217,6 +217,29 @@ async def test_slots_come_back_after_hook_blocks_and_interrupts() -> None:
     assert flight.most <= 2
 
 
+async def _another_session_runs_while_the_hook_waits(
+    flight: InFlight, hook: Any, hook_over: anyio.Event, other_done: anyio.Event
+) -> None:
+    """Session s runs a quick call then a nap at a limit of one, `hook` holding things up
+    until another session's call is done (1 s at most); that call must get the slot and
+    finish while the hook still waits, and every slot comes back."""
+    d = Dispatcher(Registry(_tools(flight)), max_concurrent=1, hooks=[hook], queue_limit=0.5)
+    seen: list[tuple[Status, bool]] = []
+
+    async def other() -> None:
+        await anyio.sleep(0.2)
+        [result] = await d.session("other").dispatch([_call("nap", 0.0, "b")])
+        seen.append((result.status, hook_over.is_set()))
+        other_done.set()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(d.session("s").dispatch, [_call("quick", 1, "a1"), _call("nap", 0.01, "a2")])
+            tg.start_soon(other)
+    assert seen == [(Status.ok, False)], seen
+    await _all_slots_back(d)
+
+
 async def test_a_slot_is_not_kept_while_a_before_hook_waits() -> None:
     """While the next call's before hook waits (an approval, say), its worker holds no slot:
     another session's call that needs one runs at once instead of waiting for the hook."""
@@ -232,21 +255,7 @@ async def test_a_slot_is_not_kept_while_a_before_hook_waits() -> None:
                     await other_done.wait()
                 hook_over.set()
 
-    d = Dispatcher(Registry(_tools(flight)), max_concurrent=1, hooks=[SlowApproval()], queue_limit=0.5)
-    seen: list[tuple[Status, bool]] = []
-
-    async def other() -> None:
-        await anyio.sleep(0.2)
-        [result] = await d.session("other").dispatch([_call("nap", 0.0, "b")])
-        seen.append((result.status, hook_over.is_set()))
-        other_done.set()
-
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(d.session("s").dispatch, [_call("quick", 1, "a1"), _call("nap", 0.01, "a2")])
-            tg.start_soon(other)
-    assert seen == [(Status.ok, False)], seen
-    await _all_slots_back(d)
+    await _another_session_runs_while_the_hook_waits(flight, SlowApproval(), hook_over, other_done)
 
 
 async def test_a_slot_is_not_kept_while_an_after_hook_waits() -> None:
@@ -262,18 +271,4 @@ async def test_a_slot_is_not_kept_while_an_after_hook_waits() -> None:
                     await other_done.wait()
                 hook_over.set()
 
-    d = Dispatcher(Registry(_tools(flight)), max_concurrent=1, hooks=[SlowAudit()], queue_limit=0.5)
-    seen: list[tuple[Status, bool]] = []
-
-    async def other() -> None:
-        await anyio.sleep(0.2)
-        [result] = await d.session("other").dispatch([_call("nap", 0.0, "b")])
-        seen.append((result.status, hook_over.is_set()))
-        other_done.set()
-
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(d.session("s").dispatch, [_call("quick", 1, "a1"), _call("nap", 0.01, "a2")])
-            tg.start_soon(other)
-    assert seen == [(Status.ok, False)], seen
-    await _all_slots_back(d)
+    await _another_session_runs_while_the_hook_waits(flight, SlowAudit(), hook_over, other_done)
