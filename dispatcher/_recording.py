@@ -902,20 +902,6 @@ class Recorder:
             return
         self._append_all([built])
 
-    def _batch_record(
-        self,
-        run_id: int,
-        round: int,
-        calls: Sequence[Any],
-        plan: Plan,
-        results: Sequence[ToolResult | None],
-        decisions: Mapping[str, Decision],
-        control: BaseException | None,
-        all_loaded: bool,
-    ) -> dict[str, Any]:
-        """The record of one batch, as its line holds it (less `seq` and `prev`)."""
-        return self._record_of(run_id, round, calls, plan, results, decisions, control, all_loaded)[0]
-
     @staticmethod
     def _record_of(
         run_id: int,
@@ -927,8 +913,9 @@ class Recorder:
         control: BaseException | None,
         all_loaded: bool = False,
     ) -> tuple[dict[str, Any], bool]:
-        """(`_batch_record`, whether `_plain_record` built it: the common batch, built in one
-        pass, whose calls and decisions hold no float for `encode_line` to look for)."""
+        """(the record of one batch, as its line holds it less `seq` and `prev`; whether
+        `_plain_record` built it: the common batch, built in one pass, whose calls and
+        decisions hold no float for `encode_line` to look for)."""
         if not decisions:
             common = _plain_record(calls, plan.calls, results)
             if common is not None:
