@@ -350,41 +350,44 @@ _STATUS_TEXT = {s: s.value for s in Status}
 
 
 def _plain_record(
-    calls: Sequence[Any], planned: Sequence[PlannedCall], results: Sequence[ToolResult | None]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any] | None]] | None:
+    calls: Sequence[Any],
+    planned: Sequence[PlannedCall],
+    results: Sequence[ToolResult | None],
+    rewritten: bool = True,
+) -> tuple[Any, Any, Any] | None:
     """The calls, plan rows and results of the common batch, which holds nothing to redact:
     every call the OpenAI chat shape with JSON text, pass 1's canonical arguments for each,
     no credential in any of them (one scan for the whole batch) nor in the defaults of
-    their tools. None for any other batch, which `_record_of` builds part by part; both
-    build the same record for a batch this one takes. Plain loops, not comprehensions: in
-    this Python each comprehension is a call of its own, paid for even by a batch of one."""
+    their tools; from `_ENCODED_FROM` calls each already encoded (`_plain_record_encoded`).
+    None for any other batch, which `_record_of` builds part by part; both build the
+    same record for a batch this one takes. Only when a rewriter may have changed the
+    arguments (`rewritten`) are pass 1's scanned too: otherwise they hold no text the
+    calls' own does not (unescaped: text with an escape is scanned further anyway).
+    Plain loops, not comprehensions: in this Python each comprehension is a call of its
+    own, paid for even by a batch of one."""
     if not len(calls) == len(planned) == len(results):
         return None
-    fns: list[dict[str, Any]] = []
-    texts: list[str] = []
+    if len(calls) >= _ENCODED_FROM:
+        return _plain_record_encoded(calls, planned, results, rewritten)
+    recorded_calls: list[dict[str, Any]] = []
+    plan_rows: list[dict[str, Any]] = []
+    recorded_results: list[dict[str, Any] | None] = []
     scanned: list[str] = []
     tools: set[int] | None = None  # asked about their defaults
-    for item, p in zip(calls, planned, strict=False):  # as long as each other: see above
+    status_text = _STATUS_TEXT
+    for item, p, r in zip(calls, planned, results, strict=False):  # as long as each other: see above
         fn = item.get("function") if type(item) is dict else None
         if type(fn) is not dict or type(raw := fn.get("arguments")) is not str or not raw or p.sent is None:
             return None
-        fns.append(fn)
-        texts.append(raw)
         scanned.append(raw)
-        scanned.append(p.sent)
+        if rewritten:
+            scanned.append(p.sent)
         tool = p.tool
         if tool is not None and tool.defaults and (tools is None or id(tool) not in tools):
             if _defaults_may_hold_credentials(tool.defaults):
                 return None
             tools = tools or set()
             tools.add(id(tool))
-    if may_hold_credentials("\x00".join(scanned)):  # as `_none_may_hold_credentials`
-        return None
-    recorded_calls: list[dict[str, Any]] = []
-    plan_rows: list[dict[str, Any]] = []
-    recorded_results: list[dict[str, Any] | None] = []
-    status_text = _STATUS_TEXT
-    for item, fn, raw, p, r in zip(calls, fns, texts, planned, results, strict=False):
         recorded_calls.append(
             {"id": str(item.get("id", "")), "name": str(fn.get("name", "")), "arguments": raw}
         )
@@ -408,7 +411,104 @@ def _plain_record(
             )
         else:  # none, or a subclass of ToolResult, which may say more in its to_json
             recorded_results.append(None if r is None else _result_json(r, set()))
+    if may_hold_credentials("\x00".join(scanned)):  # as `_none_may_hold_credentials`
+        return None  # built for nothing, which is rare: a batch that holds a credential
     return recorded_calls, plan_rows, recorded_results
+
+
+_ENCODED_FROM = 16  # calls in a batch from which `_plain_record` encodes its lists one by one
+
+
+def _plain_record_encoded(
+    calls: Sequence[Any],
+    planned: Sequence[PlannedCall],
+    results: Sequence[ToolResult | None],
+    rewritten: bool,
+) -> tuple[orjson.Fragment, orjson.Fragment, orjson.Fragment] | None:
+    """`_plain_record` of a large batch, each of its three lists encoded (as `encode_line`
+    would, within the line) as soon as it is made: a batch's rows are never all alive at
+    once, which would set off a garbage collection in most large batches and so promote
+    the session's newest history on and on. None as `_plain_record`, and for text orjson
+    refuses (a lone surrogate), which the record built part by part encodes otherwise."""
+    scanned: list[str] = []
+    tools: set[int] | None = None  # asked about their defaults
+    for item, p in zip(calls, planned, strict=False):  # as long as each other
+        fn = item.get("function") if type(item) is dict else None
+        if type(fn) is not dict or type(raw := fn.get("arguments")) is not str or not raw or p.sent is None:
+            return None
+        scanned.append(raw)
+        if rewritten:
+            scanned.append(p.sent)
+        tool = p.tool
+        if tool is not None and tool.defaults and (tools is None or id(tool) not in tools):
+            if _defaults_may_hold_credentials(tool.defaults):
+                return None
+            tools = tools or set()
+            tools.add(id(tool))
+    if may_hold_credentials("\x00".join(scanned)):  # as `_none_may_hold_credentials`
+        return None
+    del scanned
+    status_text, options = _STATUS_TEXT, _ORJSON_OPTIONS
+    try:
+        calls_part = orjson.Fragment(
+            orjson.dumps(
+                [
+                    {
+                        "id": str(item.get("id", "")),
+                        "name": str(item["function"].get("name", "")),
+                        "arguments": item["function"]["arguments"],
+                    }
+                    for item in calls
+                ],
+                default=str,
+                option=options,
+            )
+        )
+        plan_part = orjson.Fragment(
+            orjson.dumps(
+                [
+                    {
+                        "name": p.name,
+                        "key": p.key,
+                        "how": (
+                            ("unfinished" if r is None else "ran")
+                            if p.leader is None and p.outcome is None
+                            else _how(p, r)
+                        ),
+                    }
+                    for p, r in zip(planned, results, strict=False)
+                ],
+                default=str,
+                option=options,
+            )
+        )
+        results_part = orjson.Fragment(
+            orjson.dumps(
+                [
+                    {  # ToolResult.to_json, field for field
+                        "call_id": r.call_id,
+                        "name": r.name,
+                        "status": status_text[r.status],
+                        "content": r.content,
+                        "retryable": r.retryable,
+                        "effect_uncertain": r.effect_uncertain,
+                        "cached": r.cached,
+                        "deduped": r.deduped,
+                        "started": r.started,
+                        "duration": r.duration,
+                    }
+                    if type(r) is ToolResult
+                    # none, or a subclass of ToolResult, which may say more in its to_json
+                    else (None if r is None else _result_json(r, set()))
+                    for r in results
+                ],
+                default=str,
+                option=options,
+            )
+        )
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+    return calls_part, plan_part, results_part
 
 
 def _result_json(result: ToolResult, secrets: set[str]) -> dict[str, Any]:
@@ -889,6 +989,7 @@ class Recorder:
         decisions: Mapping[str, Decision],
         control: BaseException | None,
         all_loaded: bool = False,
+        rewritten: bool = True,
     ) -> None:
         """Append one batch, on the calling thread (the session hands it to `submit`). Never
         raises: it runs after the batch's tools have run, and a recording's fault must not cost their
@@ -896,7 +997,9 @@ class Recorder:
         if self.problem is not None:
             return
         try:
-            built = self._record_of(run_id, round, calls, plan, results, decisions, control, all_loaded)
+            built = self._record_of(
+                run_id, round, calls, plan, results, decisions, control, all_loaded, rewritten
+            )
         except Exception as exc:
             self._stop(exc)
             return
@@ -912,12 +1015,13 @@ class Recorder:
         decisions: Mapping[str, Decision],
         control: BaseException | None,
         all_loaded: bool = False,
+        rewritten: bool = True,
     ) -> tuple[dict[str, Any], bool]:
         """(the record of one batch, as its line holds it less `seq` and `prev`; whether
         `_plain_record` built it: the common batch, built in one pass, whose calls and
         decisions hold no float for `encode_line` to look for)."""
         if not decisions:
-            common = _plain_record(calls, plan.calls, results)
+            common = _plain_record(calls, plan.calls, results, rewritten)
             if common is not None:
                 rows_calls, rows_plan, rows_results = common
                 record = {

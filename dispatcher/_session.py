@@ -371,7 +371,8 @@ class Session:
             max_output_bytes=d.max_output_bytes,
         )
         drafts = planner.parse(calls)
-        if d.rewriters:
+        rewritten = bool(d.rewriters)  # the arguments as sent may then hold more than the calls' text
+        if rewritten:
             await rewrite(
                 planner,
                 drafts,
@@ -397,6 +398,9 @@ class Session:
                 if isinstance(decision, Answer) and call_id in answered:
                     gate_decisions.setdefault(call_id, decision)
         plan = planner.finish(drafts)
+        # pass 1's working objects go now rather than when the batch returns: fewer live
+        # at once through passes 2 and 3, so a large batch sets off fewer garbage collections
+        del drafts, gated, planner
         t1 = time.monotonic() if timed else 0.0
         if runner is None and d.runner is not None:
             runner = _public_runner(d.runner)
@@ -461,7 +465,7 @@ class Session:
             # last, so that a Ctrl-C while a line is written on the loop's thread costs nothing
             # else of pass 3; the wait is not shielded: a line handed over gets written either
             # way, and a cancelled batch need not wait for a disk that stalls
-            recorded = self._record(effects, calls, plan, gate_decisions, executor, all_loaded)
+            recorded = self._record(effects, calls, plan, gate_decisions, executor, all_loaded, rewritten)
             if recorded is not None:
                 await recorded()
         if want_events:
@@ -506,6 +510,7 @@ class Session:
         decisions: Mapping[str, Decision],
         executor: Executor,
         all_loaded: bool,
+        rewritten: bool,
     ) -> Callable[[], Awaitable[Any]] | None:
         """Hand the batch to the recording, which writes its line on the loop's thread once
         its file is open, or hands it to its writer thread (opening the file, syncing with
@@ -524,6 +529,7 @@ class Session:
             decisions=decisions,
             control=executor.control.first(),
             all_loaded=all_loaded,
+            rewritten=rewritten,
         )
 
     async def _write_out(self, effects: CommitEffects, store_since: int | None) -> None:

@@ -333,6 +333,28 @@ def test_arguments_the_quick_check_clears_redact_to_themselves(args: dict[str, A
     assert (redacted, secrets) == (redact_arguments(args), credential_values(args))
 
 
+_TEXTS = st.one_of(_PIECES, st.text(max_size=12), st.text(alphabet='kKeyYtTo:/%@\\ "\n', max_size=8))
+_JSON = st.recursive(
+    st.one_of(_TEXTS, st.integers(), st.floats(allow_nan=False), st.booleans(), st.none()),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXTS, inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@given(args=st.dictionaries(_TEXTS, _JSON, max_size=4), ascii_only=st.booleans(), spaced=st.booleans())
+def test_what_the_quick_check_clears_in_a_calls_text_it_clears_in_its_canonical_form(
+    args: dict[str, Any], ascii_only: bool, spaced: bool
+) -> None:
+    """Arguments text `may_hold_credentials` clears holds nothing its canonical form could
+    add (the recording scans a batch's canonical arguments only when a rewriter ran)."""
+    from dispatcher._credentials import may_hold_credentials
+    from dispatcher._plan import canonical_json
+
+    text = json.dumps(args, ensure_ascii=ascii_only, separators=(", ", ": ") if spaced else (",", ":"))
+    if not may_hold_credentials(text):
+        assert not may_hold_credentials(canonical_json(json.loads(text)))
+
+
 @pytest.mark.parametrize(
     ("value", "expected"), [(4321, 1000), (-73, -10), (0, 1), (7, 1), (10**20 + 5, 10**20)]
 )

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 import pytest
 
 from dispatcher import Dispatcher, Registry, Tool, ToolCall, _recording, replay
@@ -373,6 +374,62 @@ async def test_the_common_batch_is_recorded_as_the_record_built_part_by_part(
     assert "failed" in {result["status"] for record in taken for result in record["results"]}
     assert "sk-abcdefghijklmnop1234" not in (tmp_path / "s.jsonl").read_text()
     report = await replay(tmp_path / "s.jsonl", Dispatcher(_registry()))
+    assert report.ok, report
+
+
+def _large_batches(size: int) -> list[list[Any]]:
+    """Batches of `size` calls, each the OpenAI shape with text: all run; runs, followers,
+    refusals and failures; one whose last call's text holds a lone surrogate (orjson
+    refuses it); one whose arguments name a credential."""
+    return [
+        [openai_call(f"a{i}", "echo", {"text": f"t{i}"}) for i in range(size)],
+        [
+            openai_call(f"b{i}", *[("echo", {"text": "same"}), ("echo", {"wrong": i}), ("boom", {})][i % 3])
+            for i in range(size)
+        ],
+        [
+            openai_call(f"c{i}", "echo", '{"text": "\ud800"}' if i == size - 1 else {"text": f"u{i}"})
+            for i in range(size)
+        ],
+        [
+            openai_call(f"d{i}", "echo", {"text": "a", **({"token": "s3cr3t-value"} if i == 3 else {})})
+            for i in range(size)
+        ],
+    ]
+
+
+@pytest.mark.parametrize("size", [15, 16, 40])
+async def test_a_large_common_batch_is_encoded_as_the_record_built_part_by_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """From 16 calls the one-pass builder encodes its lists one by one: the line is the same
+    bytes as the record built call by call, and what orjson refuses or may hold a
+    credential is left to that one."""
+    submitted: list[dict[str, Any]] = []
+    submit = Recorder.submit
+
+    def watched(self: Recorder, **batch: Any) -> Any:
+        submitted.append(batch)
+        return submit(self, **batch)
+
+    registry = _registry()
+    monkeypatch.setattr(Recorder, "submit", watched)
+    path = tmp_path / "large.jsonl"
+    s = Dispatcher(registry).session("large", record=path)
+    for batch in _large_batches(size):
+        s.new_run()
+        await s.dispatch(batch)
+    s.close()
+    one_pass = [Recorder._record_of(**batch) for batch in submitted]
+    encoded = [isinstance(record["calls"], orjson.Fragment) for record, _ in one_pass]
+    assert encoded == [size >= 16, size >= 16, False, False]
+    assert [plain for _, plain in one_pass] == [True, True, size < 16, False]
+    monkeypatch.setattr(_recording, "_plain_record", lambda *parts: None)
+    part_by_part = [Recorder._record_of(**batch) for batch in submitted]
+    for (record, _), (expected, _) in zip(one_pass, part_by_part, strict=True):
+        assert encode_line(record) == encode_line(expected)
+    assert "s3cr3t-value" not in path.read_text()
+    report = await replay(path, Dispatcher(registry))
     assert report.ok, report
 
 
