@@ -596,6 +596,31 @@ def _copied_calls(calls: Sequence[Any], decisions: Mapping[str, Any]) -> list[An
     return copied
 
 
+def _batch(
+    run_id: int,
+    round: int,
+    calls: Sequence[Any],
+    plan: Plan,
+    results: Sequence[ToolResult | None],
+    decisions: Mapping[str, Decision],
+    control: BaseException | None,
+    all_loaded: bool,
+    rewritten: bool,
+) -> dict[str, Any]:
+    """A batch's parts as the writer thread's job holds them (`Recorder._record_of`'s keywords)."""
+    return {
+        "run_id": run_id,
+        "round": round,
+        "calls": calls,
+        "plan": plan,
+        "results": results,
+        "decisions": decisions,
+        "control": control,
+        "all_loaded": all_loaded,
+        "rewritten": rewritten,
+    }
+
+
 class _Job(NamedTuple):
     """One job of a writer thread: a batch to record (None: only `wake` when it gets here)."""
 
@@ -678,35 +703,63 @@ class Recorder:
         self._unwritten = 0  # jobs handed to the writer and not yet done
         self._here_until = 0.0  # monotonic time before which no line is written on the loop
 
-    def submit(self, **batch: Any) -> Callable[[], Awaitable[Any]] | None:
-        """Record a batch, from the loop: `record_batch(**batch)` here (see `_write_here`),
-        or handed to this recorder's writer thread. What to call and await until the line
-        is written (synced, with `fsync`), or None when there is nothing to wait for (the
-        line is written, or the batch need not wait: see `wait`). Never raises: a writer
-        that cannot start stops the recording."""
+    def submit(
+        self,
+        run_id: int,
+        round: int,
+        calls: Sequence[Any],
+        plan: Plan,
+        results: Sequence[ToolResult | None],
+        decisions: Mapping[str, Decision],
+        control: BaseException | None,
+        all_loaded: bool = False,
+        rewritten: bool = True,
+    ) -> Callable[[], Awaitable[Any]] | None:
+        """Record a batch, from the loop: `record_batch` here (see `_write_here`), or handed
+        to this recorder's writer thread. What to call and await until the line is written
+        (synced, with `fsync`), or None when there is nothing to wait for (the line is
+        written, or the batch need not wait: see `wait`). Never raises: a writer that
+        cannot start stops the recording. The parts come one by one, not as a mapping:
+        this is every batch's path, and the thread's job is the only one that needs one."""
         if self.problem is not None:
             return None  # the recording stopped: nothing to write, nothing to wait for
-        copied = None if self.wait or self.fsync else _copied_calls(batch["calls"], batch["decisions"])
-        if copied is not None and self._unwritten < _MOST_QUEUED:
-            self._hand_over(_Job({**batch, "calls": copied}, _nobody))
-            return None
+        if not (self.wait or self.fsync) and self._unwritten < _MOST_QUEUED:
+            copied = _copied_calls(calls, decisions)
+            if copied is not None:
+                parts = (run_id, round, copied, plan, results, decisions, control, all_loaded, rewritten)
+                self._hand_over(_Job(_batch(*parts), _nobody))
+                return None
         if (
             self._fd is not None
             and self._fd_regular
             and not self.fsync
             and self._unwritten == 0
             and time.monotonic() >= self._here_until
-            and self._write_here(batch)
+            and self._write_here(
+                run_id, round, calls, plan, results, decisions, control, all_loaded, rewritten
+            )
         ):
             return None
         written = _backend.primitives().event()
         post = _backend.poster()
+        batch = _batch(run_id, round, calls, plan, results, decisions, control, all_loaded, rewritten)
         if not self._hand_over(_Job(batch, lambda: post(written.set))):
             return None
         waiting: Callable[[], Awaitable[Any]] = written.wait
         return waiting
 
-    def _write_here(self, batch: Mapping[str, Any]) -> bool:
+    def _write_here(
+        self,
+        run_id: int,
+        round: int,
+        calls: Sequence[Any],
+        plan: Plan,
+        results: Sequence[ToolResult | None],
+        decisions: Mapping[str, Decision],
+        control: BaseException | None,
+        all_loaded: bool,
+        rewritten: bool,
+    ) -> bool:
         """Build and write a batch's line on the loop's thread, if the file it goes to is open
         and still named (False: it is not, and the writer thread opens the file anew). A
         `write` to a regular file already open, which the system takes into memory at once,
@@ -725,7 +778,7 @@ class Recorder:
             if not named:
                 return False
             self._named_fd = fd  # `_open` need not look again
-            self.record_batch(**batch)
+            self.record_batch(run_id, round, calls, plan, results, decisions, control, all_loaded, rewritten)
             self._named_fd = None
         took = time.monotonic() - began
         if took > WRITE_STALL:
@@ -980,7 +1033,6 @@ class Recorder:
 
     def record_batch(
         self,
-        *,
         run_id: int,
         round: int,
         calls: Sequence[Any],

@@ -521,15 +521,15 @@ class Session:
         if recorder is None:
             return None
         return recorder.submit(
-            run_id=self._run_id,
-            round=self._round,
-            calls=calls,
-            plan=plan,
-            results=effects.results,
-            decisions=decisions,
-            control=executor.control.first(),
-            all_loaded=all_loaded,
-            rewritten=rewritten,
+            self._run_id,
+            self._round,
+            calls,
+            plan,
+            effects.results,
+            decisions,
+            executor.control.first(),
+            all_loaded,
+            rewritten,
         )
 
     async def _write_out(self, effects: CommitEffects, store_since: int | None) -> None:

@@ -324,6 +324,19 @@ def _registry() -> Registry:
     )
 
 
+def _watch_submitted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """Every batch handed to a recorder from now on, as the parts `Recorder._record_of` takes."""
+    submitted: list[tuple[Any, ...]] = []
+    submit = Recorder.submit
+
+    def watched(self: Recorder, *parts: Any) -> Any:
+        submitted.append(parts)
+        return submit(self, *parts)
+
+    monkeypatch.setattr(Recorder, "submit", watched)
+    return submitted
+
+
 _BATCHES: list[list[Any]] = [
     [openai_call("1", "echo", {"text": "a"})],
     [openai_call("2", "echo", '{"text": "café ✓"}'), openai_call("3", "echo", {"text": "a"})],
@@ -347,21 +360,14 @@ async def test_the_common_batch_is_recorded_as_the_record_built_part_by_part(
     """For every batch the one-pass builder takes, its record encodes to the same bytes as
     the record built call by call with redaction; batches that may hold a credential, or
     that are not all the OpenAI shape with text, it leaves to the other."""
-    submitted: list[dict[str, Any]] = []
-    submit = Recorder.submit
-
-    def watched(self: Recorder, **batch: Any) -> Any:
-        submitted.append(batch)
-        return submit(self, **batch)
-
-    monkeypatch.setattr(Recorder, "submit", watched)
+    submitted = _watch_submitted(monkeypatch)
     s = Dispatcher(_registry()).session("common", record=tmp_path / "s.jsonl")
     for batch in _BATCHES:
         await s.dispatch(batch)
     s.close()
-    one_pass = [Recorder._record_of(**batch) for batch in submitted]
+    one_pass = [Recorder._record_of(*batch) for batch in submitted]
     monkeypatch.setattr(_recording, "_plain_record", lambda *parts: None)
-    part_by_part = [Recorder._record_of(**batch) for batch in submitted]
+    part_by_part = [Recorder._record_of(*batch) for batch in submitted]
     assert [plain for _, plain in one_pass] == [
         True, True, True, True, False, False, True, False, False, False, False, True, True,
     ]  # fmt: skip
@@ -405,27 +411,20 @@ async def test_a_large_common_batch_is_encoded_as_the_record_built_part_by_part(
     """From 16 calls the one-pass builder encodes its lists one by one: the line is the same
     bytes as the record built call by call, and what orjson refuses or may hold a
     credential is left to that one."""
-    submitted: list[dict[str, Any]] = []
-    submit = Recorder.submit
-
-    def watched(self: Recorder, **batch: Any) -> Any:
-        submitted.append(batch)
-        return submit(self, **batch)
-
+    submitted = _watch_submitted(monkeypatch)
     registry = _registry()
-    monkeypatch.setattr(Recorder, "submit", watched)
     path = tmp_path / "large.jsonl"
     s = Dispatcher(registry).session("large", record=path)
     for batch in _large_batches(size):
         s.new_run()
         await s.dispatch(batch)
     s.close()
-    one_pass = [Recorder._record_of(**batch) for batch in submitted]
+    one_pass = [Recorder._record_of(*batch) for batch in submitted]
     encoded = [isinstance(record["calls"], orjson.Fragment) for record, _ in one_pass]
     assert encoded == [size >= 16, size >= 16, False, False]
     assert [plain for _, plain in one_pass] == [True, True, size < 16, False]
     monkeypatch.setattr(_recording, "_plain_record", lambda *parts: None)
-    part_by_part = [Recorder._record_of(**batch) for batch in submitted]
+    part_by_part = [Recorder._record_of(*batch) for batch in submitted]
     for (record, _), (expected, _) in zip(one_pass, part_by_part, strict=True):
         assert encode_line(record) == encode_line(expected)
     assert "s3cr3t-value" not in path.read_text()
