@@ -20,6 +20,7 @@ block watch) and, past its timeout, is `timed_out`, never `ok`.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import contextvars
@@ -108,13 +109,28 @@ class RunControl:
 
 
 def _propagates(exc: BaseException) -> bool:
-    """Cancellation, or a group holding one, is the caller's: never a call's result."""
+    """Cancellation, or a group holding one, is the caller's: never a call's result. On
+    asyncio only while the task is being cancelled (a scope's deadline, the watchdog, the
+    caller): a CancelledError a tool raises itself, having awaited a future or a task that
+    something else cancelled, is that call's failure, as any other exception is."""
     cancelled = anyio.get_cancelled_exc_class()
-    if isinstance(exc, cancelled):
-        return True
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.subgroup(cancelled) is not None
+    if isinstance(exc, cancelled) or (
+        isinstance(exc, BaseExceptionGroup) and exc.subgroup(cancelled) is not None
+    ):
+        return cancelled is not asyncio.CancelledError or _being_cancelled()
     return False
+
+
+def _ordinary(exc: BaseException) -> bool:
+    """An ordinary failure of a tool or a hook: an Exception, or a CancelledError it raised
+    itself (see `_propagates`)."""
+    return isinstance(exc, Exception) or (isinstance(exc, asyncio.CancelledError) and not _propagates(exc))
+
+
+def _being_cancelled() -> bool:
+    """Whether the running asyncio task has a cancellation pending (none known: say it has)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 def _keyboard_in(group: BaseExceptionGroup[BaseException]) -> KeyboardInterrupt | None:
@@ -468,7 +484,9 @@ class Executor:
             except DispatchInterrupted as exc:
                 self.control.interrupted[planned.index] = exc
                 return
-            except Exception:  # the call is over and its result stands; a faulty hook is logged
+            except BaseException as exc:  # the call is over and its result stands; a faulty hook is logged
+                if not _ordinary(exc):
+                    raise
                 log.warning(
                     "after hook %s raised on call %s; ignored",
                     _name_of(after),
@@ -526,7 +544,9 @@ class Executor:
                 await _maybe_await(before(call, ctx))
             except (HookBlocked, DispatchInterrupted):
                 raise
-            except Exception as exc:
+            except BaseException as exc:
+                if not _ordinary(exc):
+                    raise
                 name = _name_of(before)
                 log.warning("before hook %s raised on call %s", name, planned.call_id, exc_info=True)
                 return failure_result(

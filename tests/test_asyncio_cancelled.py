@@ -1,0 +1,169 @@
+"""On asyncio, a CancelledError a tool raises itself (it awaited a future or task that
+something else cancelled) is that call's failure; a cancellation of the batch is not."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from dispatcher import Dispatcher, Registry, Status, Tool
+
+from ._fakes import NO_ARGUMENTS, TEXT_SCHEMA, call
+
+pytestmark = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+
+
+async def _awaits_a_cancelled_future(args: Mapping[str, Any], ctx: Any) -> str:
+    future = asyncio.get_running_loop().create_future()
+    future.cancel()
+    return str(await future)
+
+
+async def _awaits_a_cancelled_task(args: Mapping[str, Any], ctx: Any) -> str:
+    task = asyncio.create_task(asyncio.sleep(10))
+    await asyncio.sleep(0)
+    task.cancel()
+    await task
+    return "not cancelled"
+
+
+async def _raises_it(args: Mapping[str, Any], ctx: Any) -> str:
+    raise asyncio.CancelledError
+
+
+def _raises_it_in_a_thread(args: Mapping[str, Any], ctx: Any) -> str:
+    raise asyncio.CancelledError
+
+
+async def _echo(args: Mapping[str, Any], ctx: Any) -> str:
+    await anyio.lowlevel.checkpoint()
+    return str(args["text"])
+
+
+async def _naps(args: Mapping[str, Any], ctx: Any) -> str:
+    await anyio.sleep(10)
+    return "woke"
+
+
+_CULPRITS = {
+    "future": _awaits_a_cancelled_future,
+    "task": _awaits_a_cancelled_task,
+    "raises": _raises_it,
+    "thread": _raises_it_in_a_thread,
+}
+
+
+def _dispatcher(*, concurrent: bool, timeout: float = 30.0) -> Dispatcher:
+    tools = [
+        Tool(name, "Cancelled inside.", fn, NO_ARGUMENTS, concurrent=concurrent, deferred=False)
+        for name, fn in _CULPRITS.items()
+    ]
+    tools.append(Tool("echo", "Echo.", _echo, TEXT_SCHEMA, concurrent=concurrent, deferred=False))
+    tools.append(Tool("naps", "Naps.", _naps, NO_ARGUMENTS, concurrent=concurrent, deferred=False))
+    return Dispatcher(Registry(tools), timeout=timeout)
+
+
+@pytest.mark.parametrize("culprit", sorted(_CULPRITS))
+@pytest.mark.parametrize("concurrent", [True, False])
+async def test_a_call_alone_that_raises_cancelled_error_itself_fails(culprit: str, concurrent: bool) -> None:
+    """A batch of one such call returns its failure, naming CancelledError; the session goes on."""
+    s = _dispatcher(concurrent=concurrent).session("alone", mode="direct")
+    with anyio.fail_after(10):
+        [result] = await s.dispatch([call("1", culprit)])
+        assert result.status is Status.failed, result
+        assert "CancelledError" in result.content
+        [after] = await s.dispatch([call("2", "echo", text="still here")])
+    assert (after.status, after.content) == (Status.ok, "still here")
+
+
+@pytest.mark.parametrize("culprit", sorted(_CULPRITS))
+@pytest.mark.parametrize("concurrent", [True, False])
+async def test_a_call_that_raises_cancelled_error_itself_leaves_its_siblings_their_results(
+    culprit: str, concurrent: bool
+) -> None:
+    """Among siblings (run together or in turn) the call fails and every other call keeps its result."""
+    s = _dispatcher(concurrent=concurrent).session("siblings", mode="direct")
+    batch = [call("a", "echo", text="before"), call("b", culprit), call("c", "echo", text="after")]
+    batch += [call(f"d{n}", "echo", text=str(n)) for n in range(4)]
+    with anyio.fail_after(10):
+        results = await s.dispatch(batch)
+    assert [r.call_id for r in results] == [c.id for c in batch]
+    assert results[1].status is Status.failed and "CancelledError" in results[1].content
+    assert [r.content for r in results if r.call_id != "b"] == ["before", "after", "0", "1", "2", "3"]
+    assert all(r.status is Status.ok for r in results if r.call_id != "b")
+
+
+@pytest.mark.parametrize("concurrent", [True, False])
+async def test_a_cancelled_batch_still_raises_cancellation(concurrent: bool) -> None:
+    """A batch cancelled from outside (a scope's deadline) still ends in cancellation, not results."""
+    s = _dispatcher(concurrent=concurrent).session("outside", mode="direct")
+    with anyio.move_on_after(0.2) as scope:
+        await s.dispatch([call("1", "naps"), call("2", "naps")])
+        pytest.fail("the batch returned through its cancellation")
+    assert scope.cancelled_caught
+    [after] = await s.dispatch([call("3", "echo", text="next")])
+    assert after.status is Status.ok
+
+
+async def test_a_task_cancelled_while_its_batch_runs_is_cancelled() -> None:
+    """`task.cancel()` on the task awaiting dispatch cancels it, CancelledError and all."""
+    s = _dispatcher(concurrent=True).session("task", mode="direct")
+    task = asyncio.create_task(s.dispatch([call("1", "naps"), call("2", "future")]))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+@pytest.mark.parametrize("concurrent", [True, False])
+async def test_a_call_past_its_timeout_still_times_out(concurrent: bool) -> None:
+    """The timeout's own cancellation is a timeout, as before."""
+    s = _dispatcher(concurrent=concurrent, timeout=0.05).session("late", mode="direct")
+    with anyio.fail_after(10):
+        [late, fine] = await s.dispatch([call("1", "naps"), call("2", "echo", text="x")])
+    assert late.status is Status.timed_out
+    assert fine.status is Status.ok
+
+
+class _CancelledInside:
+    """A hook whose `before` (or `after`) awaits a future something else cancelled."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    async def before(self, call: Any, ctx: Any) -> None:
+        if self.where == "before" and call.name == "echo" and call.arguments["text"] == "odd":
+            await _awaits_a_cancelled_future({}, ctx)
+
+    async def after(self, call: Any, result: Any, ctx: Any) -> None:
+        if self.where == "after" and call.name == "echo" and call.arguments["text"] == "odd":
+            await _awaits_a_cancelled_future({}, ctx)
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+async def test_a_hook_that_raises_cancelled_error_itself_is_a_faulty_hook(where: str) -> None:
+    """A before hook's own CancelledError fails its call unrun; an after hook's leaves the result."""
+    d = Dispatcher(
+        Registry([Tool("echo", "Echo.", _echo, TEXT_SCHEMA, concurrent=True, deferred=False)]),
+        hooks=[_CancelledInside(where)],
+    )
+    s = d.session("hooks", mode="direct")
+    with anyio.fail_after(10):
+        results = await s.dispatch([call(str(n), "echo", text="odd" if n == 1 else str(n)) for n in range(4)])
+    odd = results[1]
+    if where == "before":
+        assert (
+            odd.status is Status.failed and "before hook" in odd.content and "CancelledError" in odd.content
+        )
+    else:
+        assert (odd.status, odd.content) == (Status.ok, "odd")
+    assert [(r.status, r.content) for r in results if r.call_id != "1"] == [
+        (Status.ok, "0"),
+        (Status.ok, "2"),
+        (Status.ok, "3"),
+    ]
