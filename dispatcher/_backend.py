@@ -42,6 +42,7 @@ __all__ = [
     "BlockWatch",
     "LoopIdentity",
     "Primitives",
+    "cancellation_pending",
     "loop_identity",
     "open_process",
     "poster",
@@ -268,6 +269,18 @@ async def wait_readable(fd: int) -> None:
         await ready
     finally:
         loop.remove_reader(fd)
+
+
+def cancellation_pending() -> bool:
+    """Whether a cancellation caught now is the running task's own: always on trio, where
+    only a cancel scope raises Cancelled; on asyncio while the task has one pending
+    (`Task.cancelling`), which a CancelledError that a tool raises itself, having awaited
+    a future or a task that something else cancelled, does not make."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no asyncio loop here: trio
+        return True
+    return task is None or task.cancelling() > 0
 
 
 def poster() -> Callable[[Callable[[], object]], object]:

@@ -20,7 +20,6 @@ block watch) and, past its timeout, is `timed_out`, never `ok`.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import contextvars
@@ -109,28 +108,24 @@ class RunControl:
 
 
 def _propagates(exc: BaseException) -> bool:
-    """Cancellation, or a group holding one, is the caller's: never a call's result. On
-    asyncio only while the task is being cancelled (a scope's deadline, the watchdog, the
-    caller): a CancelledError a tool raises itself, having awaited a future or a task that
-    something else cancelled, is that call's failure, as any other exception is."""
+    """Cancellation, or a group holding one, is the caller's: never a call's result. Only
+    the task's own (`_backend.cancellation_pending`): on asyncio a CancelledError a tool
+    raises itself, having awaited a future or a task that something else cancelled, is
+    that call's failure, as any other exception is."""
     cancelled = anyio.get_cancelled_exc_class()
     if isinstance(exc, cancelled) or (
         isinstance(exc, BaseExceptionGroup) and exc.subgroup(cancelled) is not None
     ):
-        return cancelled is not asyncio.CancelledError or _being_cancelled()
+        return _backend.cancellation_pending()
     return False
 
 
 def _ordinary(exc: BaseException) -> bool:
-    """An ordinary failure of a tool or a hook: an Exception, or a CancelledError it raised
+    """An ordinary failure of a tool or a hook: an Exception, or a cancellation it raised
     itself (see `_propagates`)."""
-    return isinstance(exc, Exception) or (isinstance(exc, asyncio.CancelledError) and not _propagates(exc))
-
-
-def _being_cancelled() -> bool:
-    """Whether the running asyncio task has a cancellation pending (none known: say it has)."""
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0
+    return isinstance(exc, Exception) or (
+        isinstance(exc, anyio.get_cancelled_exc_class()) and not _propagates(exc)
+    )
 
 
 def _keyboard_in(group: BaseExceptionGroup[BaseException]) -> KeyboardInterrupt | None:
