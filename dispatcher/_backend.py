@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from types import FrameType
 from typing import Any
@@ -47,6 +48,7 @@ __all__ = [
     "open_process",
     "poster",
     "primitives",
+    "shared_block_watch",
     "wait_readable",
 ]
 
@@ -299,9 +301,10 @@ class BlockWatch:
     period and asks `culprit(frame)` what is running and since when (time.monotonic). The
     same call seen on consecutive looks has held the loop from when it (or the wait)
     began to the last look, give or take a period; many quick calls that never yield hold
-    it together, but none of them alone, and are not reported. When the probe finally
-    runs, on the loop's thread, a call that held the loop past `threshold` is reported as
-    `report(what, seconds)`.
+    it together, but none of them alone, and are not reported. `culprit` answers (what,
+    since, whom): `whom` is told, so that one watch serves every dispatcher of the loop
+    (`shared_block_watch`). When the probe finally runs, on the loop's thread, a call
+    that held the loop past `threshold` is reported as `report(what, seconds, whom)`.
 
     (A trio instrument timing each task step is exact, but costs about a microsecond a
     step and ten to install; asyncio has no step hook at all. The probe is the same on
@@ -311,8 +314,8 @@ class BlockWatch:
     def __init__(
         self,
         threshold: float,
-        culprit: Callable[[FrameType], tuple[Any, float] | None],
-        report: Callable[[Any, float], None],
+        culprit: Callable[[FrameType], tuple[Any, float, Any] | None],
+        report: Callable[[Any, float, Any], None],
     ) -> None:
         self._threshold = threshold
         self._period = min(0.02, threshold / 4)
@@ -325,7 +328,7 @@ class BlockWatch:
         self._starting = threading.Lock()
         self._sampler: threading.Thread | None = None
         self._answered = threading.Event()
-        self._suspect: tuple[Any, float] | None = None  # (what, seconds): held past the threshold
+        self._suspect: tuple[Any, float, Any] | None = None  # (what, seconds, whom): held past the threshold
 
     def enter(self) -> None:
         self._batches += 1
@@ -362,7 +365,7 @@ class BlockWatch:
                             return
             self._answered.clear()
             posted = time.monotonic()
-            seen: tuple[Any, float] | None = None
+            seen: tuple[Any, float, Any] | None = None
             try:
                 self._post(self._answer)
             except Exception:  # the loop is gone (trio's RunFinishedError, asyncio's RuntimeError)
@@ -383,9 +386,37 @@ class BlockWatch:
                     if found is not None and seen is not None and found[0] is seen[0]:
                         held = now - max(found[1], posted) + self._period
                         if held > self._threshold:
-                            self._suspect = (found[0], held)
+                            self._suspect = (found[0], held, found[2])
                     seen = found
             time.sleep(self._period)
+
+
+_BLOCK_WATCHES: trio.lowlevel.RunVar[dict[float, BlockWatch]] = trio.lowlevel.RunVar("threepass_watches")
+_ASYNCIO_BLOCK_WATCHES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, BlockWatch]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_block_watch(
+    threshold: float,
+    culprit: Callable[[FrameType], tuple[Any, float, Any] | None],
+    report: Callable[[Any, float, Any], None],
+) -> BlockWatch:
+    """The running loop's `BlockWatch` for `threshold`, made on first use: one thread per
+    loop (and threshold) for every dispatcher on it, rather than one each, which a
+    service that makes a dispatcher per request would pay for a thread start and a
+    thread's probes apiece. Every dispatcher passes the same `culprit` and `report`."""
+    try:
+        watches = _BLOCK_WATCHES.get()
+    except LookupError:
+        watches = {}
+        _BLOCK_WATCHES.set(watches)
+    except RuntimeError:  # not trio: asyncio's running loop
+        watches = _ASYNCIO_BLOCK_WATCHES.setdefault(asyncio.get_running_loop(), {})
+    watch = watches.get(threshold)
+    if watch is None:
+        watch = watches[threshold] = BlockWatch(threshold, culprit, report)
+    return watch
 
 
 class _PipeStream:

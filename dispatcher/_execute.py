@@ -939,23 +939,23 @@ _RUNNING_ON: contextvars.ContextVar[_Holder | None] = contextvars.ContextVar(
 """The slot the current task's handler holds, if any (see `Executor.run`)."""
 
 
-def _culprit(frame: FrameType | None) -> tuple[PlannedCall, float] | None:
+def _culprit(frame: FrameType | None) -> tuple[PlannedCall, float, Watch] | None:
     """The call whose handler's frame (`_INVOKE`) is on the loop thread's stack (the
-    innermost: a nested dispatch runs inside its caller's handler) and when it started
-    (time.monotonic), sampled while the loop is held; read from another thread, so it
-    only reads."""
+    innermost: a nested dispatch runs inside its caller's handler), when it started
+    (time.monotonic) and the watch of its dispatcher, sampled while the loop is held;
+    read from another thread, so it only reads."""
     while frame is not None:
         if frame.f_code in _INVOKE:
             found = frame.f_locals
-            planned, t0 = found.get("planned"), found.get("t0")
-            if isinstance(planned, PlannedCall) and isinstance(t0, float):
-                return planned, t0
+            planned, t0, executor = found.get("planned"), found.get("t0"), found.get("self")
+            if isinstance(planned, PlannedCall) and isinstance(t0, float) and isinstance(executor, Executor):
+                return planned, t0, executor._watch
             return None
         frame = frame.f_back
     return None
 
 
-def _report_block(watch: Watch, planned: PlannedCall, seconds: float) -> None:
+def _report_block(planned: PlannedCall, seconds: float, watch: Watch) -> None:
     if watch.last_block is planned:
         return  # once a call (its next stall, if any, is the same story)
     watch.last_block = planned
@@ -963,9 +963,5 @@ def _report_block(watch: Watch, planned: PlannedCall, seconds: float) -> None:
 
 
 def watch_loop(watch: Watch) -> None:
-    """Bind `watch` to the running loop: its block watch."""
-
-    def report(planned: PlannedCall, seconds: float) -> None:
-        _report_block(watch, planned, seconds)
-
-    watch.blocking = _backend.BlockWatch(watch.block_threshold, _culprit, report)
+    """Bind `watch` to the running loop: the loop's block watch for its threshold."""
+    watch.blocking = _backend.shared_block_watch(watch.block_threshold, _culprit, _report_block)

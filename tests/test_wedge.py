@@ -356,6 +356,41 @@ async def test_a_short_stall_under_the_threshold_is_not_reported(caplog: pytest.
     assert d.statistics().loop_blocks == 0 and not warnings_about(caplog, "held the event loop")
 
 
+def _watch_threads() -> int:
+    return sum(t.name == "threepass-block-watch" for t in threading.enumerate())
+
+
+async def test_the_dispatchers_of_a_loop_share_one_block_watch(caplog: pytest.LogCaptureFixture) -> None:
+    """Thirty dispatchers on one loop start one watch thread between them (one per threshold),
+    and a call that holds the loop is counted by its own dispatcher only."""
+
+    async def brief(args: Mapping[str, Any], ctx: Any) -> str:
+        return "brief"
+
+    async def holds(args: Mapping[str, Any], ctx: Any) -> str:
+        time.sleep(0.2)  # noqa: ASYNC251 - the fault under test
+        return "held"
+
+    registry = Registry([tool("brief", brief), tool("holds", holds)])
+    with anyio.fail_after(20):
+        dispatchers = [Dispatcher(registry, block_threshold=0.05) for _ in range(30)]
+        before = _watch_threads()
+        for d in dispatchers:
+            [result] = await d.session("s").dispatch([ToolCall("a", "brief", {})])
+            assert result.status is Status.ok
+        assert _watch_threads() - before <= 1
+        other = Dispatcher(registry, block_threshold=0.5)
+        await other.session("s").dispatch([ToolCall("a", "brief", {})])
+        assert _watch_threads() - before <= 2
+        [held] = await dispatchers[7].session("t").dispatch([ToolCall("b", "holds", {})])
+        await anyio.sleep(0.1)  # the probe's answer lands just after the step that held the loop
+    assert held.status is Status.ok
+    assert [d.statistics().loop_blocks for d in dispatchers] == [int(n == 7) for n in range(30)]
+    assert other.statistics().loop_blocks == 0  # its threshold is not reached
+    [message] = warnings_about(caplog, "held the event loop")
+    assert message.startswith("tool holds (call b) held the event loop for 0.")
+
+
 def test_statistics_is_a_frozen_value() -> None:
     """Dispatcher.statistics() is a frozen snapshot: limit, slots in use, waiting, stuck calls,
     loop blocks, worker processes."""
