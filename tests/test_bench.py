@@ -139,5 +139,7 @@ def test_the_floors_section_measures_every_workload_and_says_each_goal() -> None
         for size in (1, 10, 100):
             assert f"| {workload} | {size} |" in table
     assert figures["replay"]["calls"] > 0 and figures["replay"]["replay_calls_per_s"] > 0
+    assert all(figures["per_request"][k] > 0 for k in ("make_us", "first_us", "kept_us"))
+    assert "A dispatcher made per request" in table
     verdicts = floors.goals(figures)
     assert len(verdicts) == 9 and all(goal.met in (True, False) for goal in verdicts)
