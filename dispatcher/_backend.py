@@ -46,6 +46,7 @@ __all__ = [
     "cancellation_pending",
     "loop_identity",
     "open_process",
+    "ordinary_failure",
     "poster",
     "primitives",
     "shared_block_watch",
@@ -283,6 +284,14 @@ def cancellation_pending() -> bool:
     except RuntimeError:  # no asyncio loop here: trio
         return True
     return task is None or task.cancelling() > 0
+
+
+def ordinary_failure(exc: BaseException) -> bool:
+    """An ordinary failure of a tool, a hook or a store, to be reported and lived with: an
+    Exception, or a cancellation that is not the task's own (`cancellation_pending`)."""
+    return isinstance(exc, Exception) or (
+        isinstance(exc, anyio.get_cancelled_exc_class()) and not cancellation_pending()
+    )
 
 
 def poster() -> Callable[[Callable[[], object]], object]:

@@ -120,14 +120,6 @@ def _propagates(exc: BaseException) -> bool:
     return False
 
 
-def _ordinary(exc: BaseException) -> bool:
-    """An ordinary failure of a tool or a hook: an Exception, or a cancellation it raised
-    itself (see `_propagates`)."""
-    return isinstance(exc, Exception) or (
-        isinstance(exc, anyio.get_cancelled_exc_class()) and not _propagates(exc)
-    )
-
-
 def _keyboard_in(group: BaseExceptionGroup[BaseException]) -> KeyboardInterrupt | None:
     """The first KeyboardInterrupt in a group the tool raised (its own task group's)."""
     for exc in group.exceptions:
@@ -480,7 +472,7 @@ class Executor:
                 self.control.interrupted[planned.index] = exc
                 return
             except BaseException as exc:  # the call is over and its result stands; a faulty hook is logged
-                if not _ordinary(exc):
+                if not _backend.ordinary_failure(exc):
                     raise
                 log.warning(
                     "after hook %s raised on call %s; ignored",
@@ -540,7 +532,7 @@ class Executor:
             except (HookBlocked, DispatchInterrupted):
                 raise
             except BaseException as exc:
-                if not _ordinary(exc):
+                if not _backend.ordinary_failure(exc):
                     raise
                 name = _name_of(before)
                 log.warning("before hook %s raised on call %s", name, planned.call_id, exc_info=True)

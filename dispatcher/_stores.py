@@ -1,7 +1,8 @@
 """The session's dealings with its stores, around the pure passes: the result cache's
 look-up before pass 1 resolves, its epoch before pass 2, what moved elsewhere before
 pass 3 commits, and the writes after it; the error store's records. A store's fault is
-logged and never fails a call: a failed look-up is a miss, a failed write is dropped.
+logged and never fails a call: a failed look-up is a miss, a failed write is dropped
+(on asyncio, a CancelledError a store raises itself is such a fault).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import anyio
 
+from ._backend import ordinary_failure
 from ._commit import CommitEffects
 from ._plan import Plan
 from ._results import shown
@@ -25,7 +27,9 @@ async def look_up(store: ResultCache, keys: Sequence[str]) -> Mapping[str, Cache
     """The store's live entries among `keys`; a store's fault is a miss, never a failure."""
     try:
         found = await store.get_many(keys)
-    except Exception:
+    except BaseException as exc:
+        if not ordinary_failure(exc):
+            raise
         log.warning("result cache lookup failed for %d key(s); treated as misses", len(keys), exc_info=True)
         return {}
     if not isinstance(found, Mapping):
@@ -47,7 +51,9 @@ async def epoch_before(store: ResultCache, plan: Plan) -> int | None:
         return None
     try:
         return int(await store.epoch())
-    except Exception:
+    except BaseException as exc:
+        if not ordinary_failure(exc):
+            raise
         log.warning("result cache epoch unreadable; this batch's results are not stored", exc_info=True)
         return -1
 
@@ -61,7 +67,9 @@ async def moved_elsewhere(store: ResultCache, since: int, moved: frozenset[str])
     with anyio.CancelScope(shield=True):
         try:
             elsewhere = await store.moved_since(since)
-        except Exception:
+        except BaseException as exc:
+            if not ordinary_failure(exc):
+                raise
             log.warning("result cache epochs unreadable; this batch's reads are not kept", exc_info=True)
             return None
     return None if elsewhere is None else moved | elsewhere
@@ -75,7 +83,9 @@ async def update_store(store: ResultCache, effects: CommitEffects, since: int | 
         return
     try:
         await store.set_many(writes, since=since, invalidate=effects.invalidations)
-    except Exception:
+    except BaseException as exc:
+        if not ordinary_failure(exc):
+            raise
         log.warning(
             "result cache update failed (%d writes, invalidating %s)",
             len(writes),
@@ -88,5 +98,7 @@ async def remember_failures(store: ErrorStore, records: Sequence[ErrorRecord]) -
     """Pass 3's failures, into the error store."""
     try:
         await store.record_many(records)
-    except Exception:
+    except BaseException as exc:
+        if not ordinary_failure(exc):
+            raise
         log.warning("error store failed to record %d failure(s)", len(records), exc_info=True)

@@ -4,14 +4,15 @@ something else cancelled) is that call's failure; a cancellation of the batch is
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
 
-from dispatcher import Dispatcher, Registry, Status, Tool
+from cache import CachePolicy, MemoryResultCache
+from dispatcher import CacheEntry, Dispatcher, Registry, Status, Tool
 
 from ._fakes import NO_ARGUMENTS, TEXT_SCHEMA, call
 
@@ -167,3 +168,44 @@ async def test_a_hook_that_raises_cancelled_error_itself_is_a_faulty_hook(where:
         (Status.ok, "2"),
         (Status.ok, "3"),
     ]
+
+
+class _StoreCancelledInside(MemoryResultCache):
+    """The memory store, but the named method awaits a future something else cancelled."""
+
+    def __init__(self, broken: str) -> None:
+        super().__init__()
+        self.broken = broken
+
+    async def _maybe(self, name: str) -> None:
+        if name == self.broken:
+            await _awaits_a_cancelled_future({}, None)
+
+    async def get_many(self, keys: Sequence[str]) -> dict[str, CacheEntry]:
+        await self._maybe("get_many")
+        return await super().get_many(keys)
+
+    async def set_many(self, *args: Any, **kwargs: Any) -> None:
+        await self._maybe("set_many")
+        await super().set_many(*args, **kwargs)
+
+    async def epoch(self) -> int:
+        await self._maybe("epoch")
+        return await super().epoch()
+
+    async def moved_since(self, epoch: int) -> frozenset[str] | None:
+        await self._maybe("moved_since")
+        return await super().moved_since(epoch)
+
+
+@pytest.mark.parametrize("broken", ["get_many", "set_many", "epoch", "moved_since"])
+async def test_a_result_cache_that_raises_cancelled_error_itself_is_a_faulty_store(broken: str) -> None:
+    """Its own CancelledError is a store's fault: a miss, an unstored result, never the batch's end."""
+    cached = Tool("look", "Looks.", _echo, TEXT_SCHEMA, concurrent=True, deferred=False, cache=CachePolicy())
+    d = Dispatcher(Registry([cached]), cache=_StoreCancelledInside(broken))
+    s = d.session("store", mode="direct")
+    with anyio.fail_after(10):
+        for n in range(3):
+            s.new_run()
+            results = await s.dispatch([call(f"{n}{i}", "look", text=str(i)) for i in range(3)])
+            assert [(r.status, r.content) for r in results] == [(Status.ok, str(i)) for i in range(3)]
