@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import attrs
 
+from ._backend import ordinary_failure
 from ._commit import CommitEffects, commit, forget_overlapping, land
 from ._errors import SECRET_STORE_KEY, FailureNotes, needs_note, signatures_of
 from ._exceptions import DispatchInterrupted, HookBlocked, SessionBusy
@@ -495,7 +496,9 @@ class Session:
         with anyio.CancelScope(shield=True):
             try:
                 found = await store.lookup(wanted)
-            except Exception:
+            except BaseException as exc:
+                if not ordinary_failure(exc):
+                    raise
                 log.warning("error store lookup failed; failures shown as new", exc_info=True)
                 return notes
         if not isinstance(found, Mapping):
@@ -561,7 +564,9 @@ class Session:
                 call = draft.resolved_call()
                 try:
                     decision = await _maybe_await(gate(call, self._context(call.id, call.name)))
-                except Exception as exc:
+                except BaseException as exc:
+                    if not ordinary_failure(exc):
+                        raise
                     log.warning("gate raised on call %s; the call is denied", call.id, exc_info=True)
                     decision = Deny(f"the gate failed: {describe(exc)}")
             taken[draft.call_id] = decision
@@ -608,7 +613,9 @@ class Session:
         for fn in list(self.dispatcher._batch_subscribers):
             try:
                 await _maybe_await(fn(event))
-            except Exception:
+            except BaseException as exc:
+                if not ordinary_failure(exc):
+                    raise
                 log.warning("batch subscriber %s raised; ignored", shown(fn), exc_info=True)
 
     async def _deliver(self, events: Sequence[ToolResultEvent]) -> None:
@@ -619,7 +626,9 @@ class Session:
             for fn in targets:
                 try:
                     await _maybe_await(fn(event))
-                except Exception:
+                except BaseException as exc:
+                    if not ordinary_failure(exc):
+                        raise
                     log.warning("event subscriber %s raised; ignored", shown(fn), exc_info=True)
 
     def next_call_id(self) -> str:

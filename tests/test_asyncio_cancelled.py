@@ -209,3 +209,36 @@ async def test_a_result_cache_that_raises_cancelled_error_itself_is_a_faulty_sto
             s.new_run()
             results = await s.dispatch([call(f"{n}{i}", "look", text=str(i)) for i in range(3)])
             assert [(r.status, r.content) for r in results] == [(Status.ok, str(i)) for i in range(3)]
+
+
+async def _cancelled_inside(*args: Any) -> None:
+    await _awaits_a_cancelled_future({}, None)
+
+
+async def test_a_gate_that_raises_cancelled_error_itself_denies_the_call() -> None:
+    """A gate's own CancelledError is a gate that failed: that call is denied, the others run."""
+    confirmed = Tool(
+        "careful", "Asks first.", _echo, TEXT_SCHEMA, concurrent=True, deferred=False, confirm=True
+    )
+    plain = Tool("echo", "Echo.", _echo, TEXT_SCHEMA, concurrent=True, deferred=False)
+    d = Dispatcher(Registry([confirmed, plain]), gate=_cancelled_inside)
+    with anyio.fail_after(10):
+        denied, ran = await d.session("gate", mode="direct").dispatch(
+            [call("1", "careful", text="a"), call("2", "echo", text="b")]
+        )
+    assert denied.status is Status.denied and "the gate failed" in denied.content
+    assert "CancelledError" in denied.content
+    assert (ran.status, ran.content) == (Status.ok, "b")
+
+
+async def test_subscribers_that_raise_cancelled_error_themselves_are_ignored() -> None:
+    """A result or batch subscriber's own CancelledError is logged and ignored, as any fault of one."""
+    echo = Tool("echo", "Echo.", _echo, TEXT_SCHEMA, deferred=False)
+    d = Dispatcher(Registry([echo]), on_result=_cancelled_inside)
+    d.subscribe_batches(_cancelled_inside)
+    s = d.session("events", mode="direct")
+    s.subscribe(_cancelled_inside)
+    with anyio.fail_after(10):
+        for n in range(2):
+            [result] = await s.dispatch([call(str(n), "echo", text=str(n))])
+            assert (result.status, result.content) == (Status.ok, str(n))
