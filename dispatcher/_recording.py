@@ -354,11 +354,13 @@ def _plain_record(
     planned: Sequence[PlannedCall],
     results: Sequence[ToolResult | None],
     rewritten: bool = True,
+    apart: bool = True,
 ) -> tuple[Any, Any, Any] | None:
     """The calls, plan rows and results of the common batch, which holds nothing to redact:
     every call the OpenAI chat shape with JSON text, pass 1's canonical arguments for each,
     no credential in any of them (one scan for the whole batch) nor in the defaults of
-    their tools; from `_ENCODED_FROM` calls each already encoded (`_plain_record_encoded`).
+    their tools; from `_ENCODED_FROM` calls each already encoded (`_plain_record_encoded`),
+    unless not `apart`.
     None for any other batch, which `_record_of` builds part by part; both build the
     same record for a batch this one takes. Only when a rewriter may have changed the
     arguments (`rewritten`) are pass 1's scanned too: otherwise they hold no text the
@@ -367,7 +369,7 @@ def _plain_record(
     own, paid for even by a batch of one."""
     if not len(calls) == len(planned) == len(results):
         return None
-    if len(calls) >= _ENCODED_FROM:
+    if apart and len(calls) >= _ENCODED_FROM:
         return _plain_record_encoded(calls, planned, results, rewritten)
     recorded_calls: list[dict[str, Any]] = []
     plan_rows: list[dict[str, Any]] = []
@@ -417,6 +419,7 @@ def _plain_record(
 
 
 _ENCODED_FROM = 16  # calls in a batch from which `_plain_record` encodes its lists one by one
+_ORJSON_INTS = range(-(2**63), 2**64)  # the integers orjson writes
 
 
 def _plain_record_encoded(
@@ -1073,7 +1076,11 @@ class Recorder:
         `_plain_record` built it: the common batch, built in one pass, whose calls and
         decisions hold no float for `encode_line` to look for)."""
         if not decisions:
-            common = _plain_record(calls, plan.calls, results, rewritten)
+            # its lists encoded apart only when orjson takes the rest of the record too (a
+            # run or round past 64 bits, from a snapshot say, would send it to json, which
+            # cannot write a fragment)
+            apart = type(run_id) is type(round) is int and run_id in _ORJSON_INTS and round in _ORJSON_INTS
+            common = _plain_record(calls, plan.calls, results, rewritten, apart)
             if common is not None:
                 rows_calls, rows_plan, rows_results = common
                 record = {

@@ -13,6 +13,7 @@ Nothing here touches a store, the event loop, the disk or the clock.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import re
 from collections.abc import Iterable, Mapping
@@ -137,7 +138,13 @@ class RowCache:
 
 
 def _encoded_row(row: _Row) -> orjson.Fragment:
-    return orjson.Fragment(orjson.dumps([*row[:6], row[6].to_json()], default=_plain, option=_OPTIONS))
+    """One history row as JSON; text orjson refuses (a lone surrogate, in arguments as sent
+    that were refused for it, say) is written by json, escaped, and read back by json."""
+    values = [*row[:6], row[6].to_json()]
+    try:
+        return orjson.Fragment(orjson.dumps(values, default=_plain, option=_OPTIONS))
+    except TypeError:  # orjson.JSONEncodeError is one
+        return orjson.Fragment(json.dumps(values, default=_plain).encode())
 
 
 def history_state(history: History, cache: RowCache | None = None) -> HistoryState:
@@ -227,7 +234,10 @@ def decode_newer(data: bytes, version: int) -> SessionSnapshot | None:
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise ValueError(f"a session snapshot that is not JSON: {exc}") from exc
+        try:  # a lone surrogate, escaped, which json reads and orjson does not (_encoded_row)
+            doc = json.loads(data)
+        except ValueError:
+            raise ValueError(f"a session snapshot that is not JSON: {exc}") from exc
     if not isinstance(doc, dict) or doc.get("format") != SNAPSHOT_FORMAT:
         found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise ValueError(f"session snapshot format {found!r}, expected {SNAPSHOT_FORMAT}")

@@ -86,6 +86,21 @@ async def test_a_gate_interrupt_on_one_worker_is_approved_on_another_and_runs_on
     assert _lines(tmp_path / "out.txt") == ["x by w1"]
 
 
+@pytest.mark.parametrize("raw", ['{"path": "\ud800"}', '{"path": "\\ud800"}'])
+async def test_arguments_with_a_lone_surrogate_are_kept_and_restored(tmp_path: Path, raw: str) -> None:
+    """Arguments text holding a lone surrogate (as a character, or escaped) is refused, and
+    the session's state, its history row included, is saved and read back on another worker."""
+    a, b = _workers(tmp_path, MemorySessionStore())
+    item = {"id": "odd", "type": "function", "function": {"name": "read", "arguments": raw}}
+    [refused] = await a.session(SESSION).dispatch([item])
+    assert refused.status is Status.invalid_arguments and "lone surrogate" in refused.content
+    [ran] = await b.session(SESSION).dispatch([_read("r1")])
+    assert ran.status is Status.ok
+    assert [(e.call.id, e.call.arguments, e.result) for e in b.session(SESSION).history][:1] == [
+        ("odd", {"path": "\ud800"}, refused)
+    ]
+
+
 async def test_calls_that_finished_before_a_tool_interrupt_are_served_on_the_other_worker(
     tmp_path: Path,
 ) -> None:
