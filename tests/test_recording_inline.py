@@ -432,6 +432,25 @@ async def test_a_large_common_batch_is_encoded_as_the_record_built_part_by_part(
     assert report.ok, report
 
 
+@pytest.mark.parametrize("run", [2**64, -(2**63) - 1, 2**64 - 1])
+async def test_a_large_batch_whose_run_orjson_cannot_write_is_recorded_as_built_part_by_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run: int
+) -> None:
+    """A run number orjson cannot write (a snapshot's, say) sends the line to json, which
+    cannot write an encoded list: the lists stay lists, and the bytes are the general builder's."""
+    submitted = _watch_submitted(monkeypatch)
+    s = Dispatcher(_registry()).session("run", record=tmp_path / "run.jsonl")
+    await s.dispatch([openai_call(f"c{i}", "echo", {"text": f"t{i}"}) for i in range(20)])
+    s.close()
+    [parts] = submitted
+    parts = (run, *parts[1:])
+    record, plain = Recorder._record_of(*parts)
+    assert isinstance(record["calls"], orjson.Fragment) is (run == 2**64 - 1)
+    monkeypatch.setattr(_recording, "_plain_record", lambda *parts: None)
+    expected, _ = Recorder._record_of(*parts)
+    assert encode_line(record, finite=plain) == encode_line(expected)
+
+
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_ctrl_c_right_after_a_line_is_written_on_the_loop_keeps_the_chain(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
