@@ -1509,6 +1509,9 @@ def _registry_drift(header: Mapping[str, Any], registry: Registry) -> str:
     )
 
 
+_CUTS = frozenset({"DispatchInterrupted", "HookBlocked", "KeyboardInterrupt"})  # a tool's own run control
+
+
 @attrs.define
 class _BatchServer:
     """Pass 2's runner during replay: the recorded result of a call that ran then. A call
@@ -1522,6 +1525,27 @@ class _BatchServer:
     secrets: set[str] = attrs.field(factory=set)  # of the calls served, as the recorder finds them
     divergences: dict[int, Divergence] = attrs.field(factory=dict)
     clean: bool = False  # the batch's arguments are known to hold no credential
+    control: str | None = None  # what cut the recorded batch short, by its name
+    raised: list[BaseException] = attrs.field(factory=list)  # the cuts it made again
+
+    def _cut_here(self, planned: PlannedCall) -> bool:
+        """Whether `planned` is a call left unfinished when a tool's own run control (an
+        interrupt, a block, a KeyboardInterrupt) cut the recorded batch short: served by
+        raising that again, so the batch is cut as it was."""
+        i = planned.index
+        row = self.plan_rows[i] if i < len(self.plan_rows) else None
+        return row is not None and row["how"] == "unfinished" and self.control in _CUTS
+
+    def _cut(self, planned: PlannedCall) -> BaseException:
+        cut: BaseException
+        if self.control == "DispatchInterrupted":
+            cut = DispatchInterrupted([(planned.call, "replayed: this call interrupted the batch", None)])
+        elif self.control == "HookBlocked":
+            cut = HookBlocked("replayed: this call blocked the batch", call_id=planned.call_id)
+        else:
+            cut = KeyboardInterrupt()
+        self.raised.append(cut)
+        return cut
 
     def _differs(self, planned: PlannedCall, field: str, expected: str, got: str) -> ToolResult:
         i = planned.index
@@ -1548,11 +1572,13 @@ class _BatchServer:
     def serve_now(self, planned: PlannedCall) -> ToolResult | None:
         """Pass 2's quick way for a recorded result: at once, with nothing to run (None for
         `find_tools`, which runs for real)."""
-        if planned.name == FIND_TOOLS and planned.tool is not None:
+        if (planned.name == FIND_TOOLS and planned.tool is not None) or self._cut_here(planned):
             return None
         return self._recorded(planned)[0]
 
     async def __call__(self, planned: PlannedCall, ctx: ToolContext) -> ToolResult:
+        if self._cut_here(planned):
+            raise self._cut(planned)
         recorded, same = self._recorded(planned)
         if same and planned.name == FIND_TOOLS and planned.tool is not None:
             # the dispatcher's own tool: it touches nothing outside the session, and loading
@@ -1696,7 +1722,8 @@ async def _replay_batches(
             and all(type(t) is str for t in texts)
             and _none_may_hold_credentials(texts)
         )
-        serve = _BatchServer(number, line, batch["plan"], batch["results"], clean=clean)
+        control = batch.get("control")
+        serve = _BatchServer(number, line, batch["plan"], batch["results"], clean=clean, control=control)
         calls = [_replayed_call(c) for c in batch["calls"]]
         call_ids = [str(c.get("id", "")) for c in batch["calls"]]
         for call_id, row in zip(call_ids, batch["plan"], strict=True):
@@ -1713,7 +1740,9 @@ async def _replay_batches(
             results = await session._dispatch(
                 calls, decisions=answers, all_loaded=bool(batch.get("all_loaded")), runner=serve, gate=gate
             )
-        except (HookBlocked, DispatchInterrupted) as exc:
+        except (HookBlocked, DispatchInterrupted, KeyboardInterrupt) as exc:
+            if isinstance(exc, KeyboardInterrupt) and not any(exc is cut for cut in serve.raised):
+                raise  # a Ctrl-C of the replay's own
             if serve.divergences:
                 return report(number, calls_seen, serve.divergences[min(serve.divergences)])
             if batch.get("control") == type(exc).__name__:

@@ -10,9 +10,22 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
+import pytest
 
 from builtin_tools import default_registry
-from dispatcher import Allow, Deny, Dispatcher, Registry, Status, Tool, ToolCall, replay
+from dispatcher import (
+    Allow,
+    Deny,
+    Dispatcher,
+    DispatchInterrupted,
+    HookBlocked,
+    Registry,
+    Status,
+    Tool,
+    ToolCall,
+    replay,
+)
 from dispatcher._credentials import redact
 from dispatcher._recording import Recorder, line_hash
 
@@ -821,3 +834,63 @@ async def test_a_text_argument_holding_json_is_recorded_without_its_secrets(tmp_
     assert secret not in path.read_text()
     report = await replay(path, Dispatcher(registry()))
     assert report.ok and report.calls == 1, report
+
+
+def _cutting_registry() -> Registry:
+    """`echo`, and `cut`, whose call with `how` stops its batch as a tool may: it asks for a
+    decision (DispatchInterrupted), blocks the batch (HookBlocked), or raises KeyboardInterrupt."""
+
+    async def echo(args: Mapping[str, Any], ctx: Any) -> str:
+        await anyio.lowlevel.checkpoint()
+        return str(args["text"])
+
+    async def cut(args: Mapping[str, Any], ctx: Any) -> str:
+        await anyio.sleep(0.01)  # after its siblings finished
+        how = args["how"]
+        if how == "interrupt":
+            raise DispatchInterrupted([(ToolCall(ctx.call_id, "cut", dict(args)), "asks", None)])
+        if how == "block":
+            raise HookBlocked("not now")
+        raise KeyboardInterrupt
+
+    text = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    how = {"type": "object", "properties": {"how": {"type": "string"}}, "required": ["how"]}
+    return Registry(
+        [
+            Tool("echo", "Echo.", echo, text, concurrent=True, deferred=False),
+            Tool("cut", "Cuts.", cut, how, concurrent=True, deferred=False),
+        ]
+    )
+
+
+@pytest.mark.parametrize("how", ["interrupt", "block", "keyboard"])
+async def test_a_batch_its_own_tool_cut_short_replays(tmp_path: Path, how: str) -> None:
+    """A batch a tool cut short (asking, blocking, Ctrl-C) replays as recorded: the calls that
+    finished served, the cut made again where it was, and the batches after it compared too."""
+    path = tmp_path / "cut.jsonl"
+    s = Dispatcher(_cutting_registry()).session("cut", record=path)
+    await s.dispatch([call("a", "echo", text="before")])
+    cut = [call("b", "echo", text="one"), call("c", "cut", how=how), call("d", "echo", text="two")]
+    with pytest.raises((DispatchInterrupted, HookBlocked, KeyboardInterrupt)):
+        await s.dispatch(cut)
+    await s.dispatch([call("e", "echo", text="after")])
+    s.close()
+    report = await replay(path, Dispatcher(_cutting_registry()))
+    assert report.ok, report
+    assert report.batches == 3
+
+
+async def test_a_ctrl_c_of_its_own_still_stops_a_replay(tmp_path: Path) -> None:
+    """A KeyboardInterrupt the replay did not make (here a rewriter's) propagates out of it,
+    even in a batch whose recording ends in one."""
+    path = tmp_path / "cut.jsonl"
+    s = Dispatcher(_cutting_registry()).session("cut", record=path)
+    with pytest.raises(KeyboardInterrupt):
+        await s.dispatch([call("b", "echo", text="one"), call("c", "cut", how="keyboard")])
+    s.close()
+
+    def ctrl_c(event: Any, state: Any) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        await replay(path, Dispatcher(_cutting_registry(), rewriters=[ctrl_c]))
