@@ -9,7 +9,10 @@ or where the kernel must know which loop it is on:
   (trio's natives on trio: anyio's wrappers there cost several microseconds a call;
   anyio's own on asyncio, where they are the implementation);
 - `loop_identity()`: what a Dispatcher binds to on first use, so that using it from a
-  second loop or thread is a clear error instead of a hang;
+  second loop or thread is a clear error instead of a hang (`loop_reader()`: its loop,
+  read again every batch for less);
+- `slot_ops(limiter, would_block)`: how pass 2 takes a limiter slot without waiting and
+  gives it back (on trio, without trio's round of calls that wakes nobody when nobody waits);
 - `wait_readable(fd)`: how pass 2 waits for a worker process's reply;
 - `poster()`: how a thread of the kernel's own (the recording's writer) wakes the loop;
 - `BlockWatch`: how an async tool that holds the loop is caught — a probe the loop must
@@ -21,7 +24,10 @@ or where the kernel must know which loop it is on:
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import logging
+import operator
 import os
 import subprocess
 import sys
@@ -37,15 +43,18 @@ import anyio.lowlevel
 import attrs
 import sniffio
 import trio
+from trio._core._run import GLOBAL_RUN_CONTEXT as _TRIO_RUN
 
 __all__ = [
     "BlockWatch",
     "LoopIdentity",
     "Primitives",
     "loop_identity",
+    "loop_reader",
     "open_process",
     "poster",
     "primitives",
+    "slot_ops",
     "wait_readable",
 ]
 
@@ -67,6 +76,31 @@ def loop_identity() -> LoopIdentity:
     except RuntimeError:
         raise RuntimeError("threepass runs inside an event loop: await it under trio or asyncio") from None
     return "asyncio", loop, threading.get_ident()
+
+
+def _asyncio_loop() -> object:
+    """The running asyncio loop, unless `loop_identity` would find a trio run first (a trio
+    guest on this loop's thread): then None."""
+    if hasattr(_TRIO_RUN, "runner"):
+        return None
+    return asyncio.get_running_loop()
+
+
+def loop_reader(identity: LoopIdentity) -> Callable[[], object]:
+    """What reads the running loop of `identity` again (its trio token, or its asyncio loop)
+    for less than `loop_identity`: on trio, trio's run context read with no Python frame
+    (`current_trio_token` is two); on asyncio, without the RuntimeError trio raises first.
+    Where `loop_identity` would say another loop, it returns something else or raises
+    (AttributeError, RuntimeError)."""
+    if identity[0] == "asyncio":
+        return _asyncio_loop
+    read: Callable[[], object] = functools.partial(operator.attrgetter("runner.trio_token"), _TRIO_RUN)
+    try:
+        if read() is identity[1]:
+            return read
+    except AttributeError:  # pragma: no cover - a trio that keeps its run elsewhere
+        pass
+    return trio.lowlevel.current_trio_token  # pragma: no cover - the same, asked the usual way
 
 
 @attrs.frozen
@@ -152,7 +186,7 @@ async def _trio_under_deadline(coro: Coroutine[Any, Any, Any], deadline: float) 
     scope then, as if it had been there from the start (beneath the scopes its first step
     opened, if it opened any). The one difference a call can see: before it first waits,
     `current_effective_deadline()` does not include its timeout."""
-    task = trio.lowlevel.current_task()
+    task = _TRIO_RUN.task  # `current_task()` without its frame (see `_trio_holds_cancel_status`)
     base = task._cancel_status
     try:
         yielded = coro.send(None)
@@ -176,15 +210,18 @@ async def _trio_under_deadline(coro: Coroutine[Any, Any, Any], deadline: float) 
 
 
 def _trio_holds_cancel_status() -> bool:
-    """Whether this trio keeps what `_trio_under_deadline` and `_scope_beneath` use: a
-    task's `_cancel_status`, a status's settable `parent`, `Task._activate_cancel_status`."""
+    """Whether this trio keeps what `_trio_under_deadline` and `_scope_beneath` use: the
+    current task in its run context, a task's `_cancel_status`, a status's settable
+    `parent`, `Task._activate_cancel_status`."""
     try:
         task = trio.lowlevel.current_task()
         parent = getattr(type(task._cancel_status), "parent", None)
+        here = getattr(_TRIO_RUN, "task", None)
     except (AttributeError, RuntimeError):
         return False
     return (
-        isinstance(parent, property)
+        here is task
+        and isinstance(parent, property)
         and parent.fset is not None
         and callable(getattr(task, "_activate_cancel_status", None))
     )
@@ -199,7 +236,62 @@ def _waiting(limiter: Any) -> int:
         queue = getattr(limiter, "_wait_queue", None)
     if queue is None:
         return int(limiter.statistics().tasks_waiting)
-    return len(queue)
+    return len(getattr(queue, "_parked", queue))  # trio's ParkingLot counts its OrderedDict in a frame
+
+
+def _trio_layout(limiter: Any) -> bool:
+    """Whether `limiter` is a trio CapacityLimiter keeping what `slot_ops` reads: its
+    borrowers in a set, its waiters parked in an OrderedDict, its total."""
+    lot = getattr(limiter, "_lot", None)
+    return (
+        type(limiter) is trio.CapacityLimiter
+        and type(getattr(limiter, "_borrowers", None)) is set
+        and type(getattr(lot, "_parked", None)) is collections.OrderedDict
+        and isinstance(getattr(limiter, "_total_tokens", None), (int, float))
+    )
+
+
+def slot_ops(
+    limiter: Any, would_block: type[Exception]
+) -> tuple[Callable[[object], bool], Callable[[object], None]]:
+    """`(take, give_back)` for slots of `limiter`: `take(borrower)` is
+    `acquire_on_behalf_of_nowait` saying False where it would raise `would_block`, and
+    `give_back(borrower)` is `release_on_behalf_of`. On a trio CapacityLimiter both read its
+    state directly in one frame while nobody waits for a slot, and are trio's own otherwise:
+    trio's take is a frame and its give-back five (waking the waiters, of whom there are
+    none, is four), for what is a set operation. Errors are trio's (its own methods raise
+    them), and so are the limit and the order of waiters: a slot is taken here only where
+    trio's `acquire_on_behalf_of_nowait` would take it, and given back here only where
+    trio's release would wake nobody."""
+
+    def take_as_usual(borrower: object) -> bool:
+        try:
+            limiter.acquire_on_behalf_of_nowait(borrower)
+        except would_block:
+            return False
+        return True
+
+    if not _trio_layout(limiter):
+        return take_as_usual, limiter.release_on_behalf_of
+    borrowers: set[object] = limiter._borrowers
+    parked: collections.OrderedDict[Any, None] = limiter._lot._parked
+    release = limiter.release_on_behalf_of
+
+    @trio.lowlevel.enable_ki_protection  # as trio's own: no Ctrl-C between the check and the change
+    def take(borrower: object) -> bool:
+        if not parked and len(borrowers) < limiter._total_tokens and borrower not in borrowers:
+            borrowers.add(borrower)
+            return True
+        return take_as_usual(borrower)  # none free, or someone waits: trio says (or raises)
+
+    @trio.lowlevel.enable_ki_protection
+    def give_back(borrower: object) -> None:
+        if parked or borrower not in borrowers:
+            release(borrower)  # trio wakes who waits (or raises)
+        else:
+            borrowers.remove(borrower)
+
+    return take, give_back
 
 
 _TRIO = Primitives(

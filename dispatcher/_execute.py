@@ -237,6 +237,7 @@ class Executor:
         self._now = primitives.clock
         self._p = primitives
         self._waiting = primitives.waiting
+        self._take, self._give = _backend.slot_ops(limiter, primitives.would_block)
         self._watch = watch if watch is not None else Watch(None, DEFAULT_BLOCK_THRESHOLD)
         self._holding = self._watch.holding
         self._blocking = self._watch.blocking
@@ -545,7 +546,6 @@ class Executor:
         assert tool is not None
         timeout = self._timeout_of(planned)
         args = planned.args
-        limiter = self._limiter
         borrower: object | None = None  # nested: the calling handler's slot, nothing to take
         # a sync call's slot is given back by its thread (it may outlive a timeout); others
         # give theirs back as they end, or keep it for their worker's next call
@@ -558,9 +558,7 @@ class Executor:
                 # one per slot taken, hashed by identity: a ToolContext hashes by value, and
                 # two calls of a batch may share an id
                 borrower = object()
-                try:
-                    limiter.acquire_on_behalf_of_nowait(borrower)
-                except self._p.would_block:  # the loop's own limiter raises the loop's own WouldBlock
+                if not self._take(borrower):
                     waited = await self._queue(planned, borrower, timeout)
                     if waited is not None:
                         return waited
@@ -657,10 +655,7 @@ class Executor:
         if self._deadline is not None and self._now() >= self._deadline:
             return False  # the usual way says so
         borrower = object()
-        limiter = self._limiter
-        try:
-            limiter.acquire_on_behalf_of_nowait(borrower)
-        except self._p.would_block:
+        if not self._take(borrower):
             return False
         tool = planned.tool
         assert tool is not None
@@ -689,7 +684,7 @@ class Executor:
             self._land_raised(planned, None, exc, started, t0)
         finally:
             del holding[borrower]
-            limiter.release_on_behalf_of(borrower)
+            self._give(borrower)
         return True
 
     def _returned(
@@ -759,13 +754,12 @@ class Executor:
         """A call on `borrower`'s limiter slot is over: its worker keeps the slot for its next
         call while nobody waits for one (taking and giving back a slot per call costs more
         than the rest of it), else it goes back."""
-        limiter = self._limiter
-        if slot.watched and self._keep and not self._waiting(limiter):
+        if slot.watched and self._keep and not self._waiting(self._limiter):
             slot.borrower = borrower
         else:  # what Watch.release does, inline: this is every async call
             slot.borrower = None
             del self._holding[borrower]
-            limiter.release_on_behalf_of(borrower)
+            self._give(borrower)
 
     async def _queue(self, planned: PlannedCall, borrower: object, call_timeout: float) -> ToolResult | None:
         """Wait for a slot, at most the queue limit (default: the call's timeout). None: got
