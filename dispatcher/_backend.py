@@ -122,16 +122,25 @@ class Primitives:
     would_block: type[Exception]
     waiting: Callable[[Any], int]
     """How many tasks wait for a slot of a limiter (of any kind), cheaply."""
-    under_deadline: Callable[[Coroutine[Any, Any, Any], float], Awaitable[tuple[Any, bool]]]
-    """`await under_deadline(coro, deadline)` awaits `coro` as `with cancel_scope(deadline=
-    deadline)` around it would: (its value, whether the scope cut it short)."""
+    under_deadline: Callable[
+        [Coroutine[Any, Any, Any], float], tuple[Any, Awaitable[tuple[Any, bool]] | None]
+    ]
+    """`under_deadline(coro, deadline)` starts awaiting `coro` as `with cancel_scope(deadline=
+    deadline)` around it would: `(its value, None)` if it returned before it first waited
+    (on trio; nothing is left to await, and no scope could have cut it short), else
+    `(None, rest)`, where `await rest` is (its value, whether the scope cut it short)."""
 
 
 async def _scoped(coro: Coroutine[Any, Any, Any], deadline: float) -> tuple[Any, bool]:
-    """`under_deadline` as it reads: the coroutine inside a cancel scope."""
+    """The coroutine inside a cancel scope: (its value, whether the scope cut it short)."""
     with anyio.CancelScope(deadline=deadline) as scope:
         return await coro, False
     return None, scope.cancelled_caught
+
+
+def _under_scope(coro: Coroutine[Any, Any, Any], deadline: float) -> tuple[None, Awaitable[tuple[Any, bool]]]:
+    """`under_deadline` as it reads: everything is left to await, in a cancel scope."""
+    return None, _scoped(coro, deadline)
 
 
 @types.coroutine
@@ -179,24 +188,39 @@ def _scope_beneath(task: Any, base: Any, deadline: float) -> trio.CancelScope | 
     return scope
 
 
-async def _trio_under_deadline(coro: Coroutine[Any, Any, Any], deadline: float) -> tuple[Any, bool]:
+def _trio_under_deadline(
+    coro: Coroutine[Any, Any, Any], deadline: float
+) -> tuple[Any, Awaitable[tuple[Any, bool]] | None]:
     """`under_deadline` on trio, where a cancel scope costs more than a quick call: the
-    call's first step runs before any scope exists, and a call that returns in it (it never
-    waited, so no scope could have cut it short) pays for none. One that suspended gets its
-    scope then, as if it had been there from the start (beneath the scopes its first step
-    opened, if it opened any). The one difference a call can see: before it first waits,
-    `current_effective_deadline()` does not include its timeout."""
+    call's first step runs here, before any scope exists, and a call that returns in it (it
+    never waited, so no scope could have cut it short) pays for no scope, and no coroutine
+    of ours. One that suspended gets its scope then, as if it had been there from the start
+    (beneath the scopes its first step opened, if it opened any). The one difference a call
+    can see: before it first waits, `current_effective_deadline()` does not include its
+    timeout."""
     task = _TRIO_RUN.task  # `current_task()` without its frame (see `_trio_holds_cancel_status`)
     base = task._cancel_status
     try:
         yielded = coro.send(None)
     except StopIteration as done:
-        return done.value, False
+        return done.value, None
     if task._cancel_status is base:
-        with trio.CancelScope(deadline=deadline) as scope:
-            return await _resume(coro, yielded), False
-        return None, scope.cancelled_caught
-    beneath = _scope_beneath(task, base, deadline)
+        return None, _trio_in_scope(coro, yielded, deadline)
+    return None, _trio_beneath(coro, yielded, _scope_beneath(task, base, deadline))
+
+
+async def _trio_in_scope(coro: Coroutine[Any, Any, Any], yielded: Any, deadline: float) -> tuple[Any, bool]:
+    """The rest of a call whose first step left no scope open, in a scope of `deadline`."""
+    with trio.CancelScope(deadline=deadline) as scope:
+        return await _resume(coro, yielded), False
+    return None, scope.cancelled_caught
+
+
+async def _trio_beneath(
+    coro: Coroutine[Any, Any, Any], yielded: Any, beneath: trio.CancelScope | None
+) -> tuple[Any, bool]:
+    """The rest of a call whose first step left scopes open, in the scope `_scope_beneath`
+    entered beneath them."""
     if beneath is None:  # pragma: no cover - a first step that left its own scopes misnested
         return await _resume(coro, yielded), False
     try:
@@ -325,7 +349,7 @@ def _trio_clock() -> Callable[[], float]:
 def primitives() -> Primitives:
     """The running loop's primitives (see `Primitives`)."""
     if sniffio.current_async_library() == "trio":
-        eager = _trio_under_deadline if _trio_holds_cancel_status() else _scoped
+        eager = _trio_under_deadline if _trio_holds_cancel_status() else _under_scope
         return attrs.evolve(_TRIO, clock=_trio_clock(), under_deadline=eager)
     return Primitives(
         "asyncio",
@@ -339,7 +363,7 @@ def primitives() -> Primitives:
         anyio.CapacityLimiter,
         anyio.WouldBlock,
         _waiting,
-        _scoped,
+        _under_scope,
     )
 
 

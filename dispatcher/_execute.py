@@ -107,6 +107,10 @@ class RunControl:
         return None
 
 
+_CALM = RunControl()
+"""The run control of every batch that has no signal: never written (see `Executor._signalled`)."""
+
+
 def _propagates(exc: BaseException) -> bool:
     """Cancellation, or a group holding one, is the caller's: never a call's result."""
     cancelled = anyio.get_cancelled_exc_class()
@@ -254,7 +258,7 @@ class Executor:
         self._context = context  # run id, round, deadline and host of every call's ToolContext
         self.results: dict[int, ToolResult] = {}
         self.started: set[int] = set()  # calls whose handler (or, in replay, runner) was started
-        self.control = RunControl()
+        self.control = _CALM  # made anew by `_signalled`, at the batch's first signal
         self._nested = False
 
     def fresh(
@@ -266,6 +270,14 @@ class Executor:
         made.__dict__ = self._settings.copy()
         made._begin(deadline, context)
         return made
+
+    def _signalled(self) -> RunControl:
+        """This batch's run control, to record a signal in: made at the first one (most
+        batches have none, and share one that stays empty)."""
+        control = self.control
+        if control is _CALM:
+            control = self.control = RunControl()
+        return control
 
     def _timeout_of(self, planned: PlannedCall) -> float:
         tool = planned.tool
@@ -308,7 +320,7 @@ class Executor:
                             _RUNNING_ON.reset(running_on)
                     else:
                         await self._run_group([calls[i] for i in group])
-                    if self.control:
+                    if self.control is not _CALM:  # a signal came (`_signalled`)
                         return  # later groups do not start
             finally:
                 if lock is not None:
@@ -467,7 +479,7 @@ class Executor:
                 self._block(planned, exc)
                 return
             except DispatchInterrupted as exc:
-                self.control.interrupted[planned.index] = exc
+                self._signalled().interrupted[planned.index] = exc
                 return
             except Exception:  # the call is over and its result stands; a faulty hook is logged
                 log.warning(
@@ -480,7 +492,7 @@ class Executor:
     def _block(self, planned: PlannedCall, exc: HookBlocked) -> None:
         if exc.call_id is None:
             exc.call_id = planned.call_id
-        self.control.blocked[planned.index] = exc
+        self._signalled().blocked[planned.index] = exc
 
     async def _run_call(self, planned: PlannedCall, slot: _Slot) -> None:
         index = planned.index
@@ -509,10 +521,10 @@ class Executor:
             self._block(planned, exc)
             return
         except DispatchInterrupted as exc:
-            self.control.interrupted[index] = exc
+            self._signalled().interrupted[index] = exc
             return
         except KeyboardInterrupt as exc:  # the tool's own: its siblings finish, then it propagates
-            self.control.keyboard[index] = exc
+            self._signalled().keyboard[index] = exc
             return
         if hooks.after:
             await self._finish(planned, result, ctx, call)
@@ -592,7 +604,10 @@ class Executor:
                 if type(awaitable) is types.CoroutineType:
                     # a handler's coroutine (or a runner's), held to its deadline without a
                     # cancel scope of its own while it never waits
-                    value, late = await self._p.under_deadline(awaitable, deadline)
+                    value, rest = self._p.under_deadline(awaitable, deadline)
+                    late = False
+                    if rest is not None:
+                        value, late = await rest
                     if late or (tool.is_async and self._now() >= deadline):
                         # cut short, or it swallowed that and returned after its deadline (a
                         # nested sync call, on its caller's slot, is not cut and counts as it ends)
@@ -671,7 +686,10 @@ class Executor:
             awaitable = tool.tool.handler(planned.args, ctx)
             deadline = self._now() + timeout
             if type(awaitable) is types.CoroutineType:
-                value, late = await self._p.under_deadline(awaitable, deadline)
+                value, rest = self._p.under_deadline(awaitable, deadline)
+                late = False
+                if rest is not None:
+                    value, late = await rest
             else:
                 with self._p.cancel_scope(deadline=deadline) as scope:
                     value = await awaitable
@@ -719,12 +737,12 @@ class Executor:
         elif isinstance(exc, DispatchInterrupted):
             if slot is not None:
                 slot.idle()
-            self.control.interrupted[planned.index] = exc
+            self._signalled().interrupted[planned.index] = exc
         else:
             try:
                 self.results[planned.index] = self._raised(planned, slot, exc, started, t0)
             except KeyboardInterrupt as keyboard:
-                self.control.keyboard[planned.index] = keyboard
+                self._signalled().keyboard[planned.index] = keyboard
 
     def _raised(
         self, planned: PlannedCall, slot: _Slot | None, exc: BaseException, started: float, t0: float

@@ -16,7 +16,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from dispatcher import Dispatcher, Registry, Status, Tool, ToolCall, _backend
+from dispatcher import Allow, Dispatcher, Registry, Status, Tool, ToolCall, ToolResult, _backend
+from dispatcher._core_tools import core_registry
 
 SCHEMA: dict[str, Any] = {"type": "object", "properties": {"n": {"type": "number"}}}
 
@@ -324,3 +325,362 @@ def test_loop_reader_reads_what_loop_identity_says() -> None:
 
             kind, value = anyio.run(elsewhere, backend=other)
             assert kind != "returned" or value is not identity[1]
+
+
+# --- pass 3: the commit of every batch against the commit as first written ----------------
+
+
+def _reference_commit(
+    plan: Any,
+    executed: Mapping[int, Any],
+    *,
+    started: Any = (),
+    moved: frozenset[str] | None = frozenset(),
+    cut: bool = False,
+    has_cache: bool,
+    run_id: int,
+    round: int,
+    session_id: str,
+    want_events: bool,
+    failures: Any = None,
+) -> Any:
+    """`commit` as it read before its empty fields were made lazy (every container made up
+    front, every field a tuple of it): the oracle the lean one is held to."""
+    from dispatcher._commit import CommitEffects, _count, forget_overlapping
+    from dispatcher._errors import note_failure
+    from dispatcher._plan import DedupeEntry, FinishedCall, _served_again
+    from dispatcher._policy import resources_overlap
+    from dispatcher._seams import CacheWrite
+    from dispatcher._types import ToolResultEvent
+
+    results: list[Any] = []
+    history: list[Any] = []
+    loaded: list[str] = []
+    spent: list[str] = []
+    invalidated: set[str] = set()
+    remember: dict[str, Any] = {}
+    cache_writes: list[Any] = []
+    errors: dict[str, Any] = {}
+    for planned in plan.calls:
+        ran = planned.index in executed
+        if planned.outcome is not None:
+            result = planned.outcome
+        elif planned.leader is not None:
+            led = results[planned.leader]
+            result = None if led is None else _served_again(led, planned.call_id)
+        else:
+            result = executed.get(planned.index)
+            if failures is not None and result is not None and result.status is not Status.ok:
+                result, record = note_failure(result, planned.args, failures)
+                if record is not None:
+                    _count(errors, record)
+        results.append(result)
+        writes = planned.writes
+        if result is None:
+            if writes and planned.index in started:
+                invalidated.update(writes)
+                forget_overlapping(remember, writes)
+                cache_writes = [w for w in cache_writes if not resources_overlap(w.reads, writes)]
+            continue
+        history.append((planned, result))
+        ok = result.status is Status.ok
+        if not ok and planned.loads_schema:
+            loaded.append(planned.name)
+        if ran and planned.spent_approval:
+            spent.append(planned.call_id)
+        if writes:
+            if ran and (ok or result.effect_uncertain):
+                invalidated.update(writes)
+                forget_overlapping(remember, writes)
+                cache_writes = [w for w in cache_writes if not resources_overlap(w.reads, writes)]
+            continue
+        if not ok:
+            continue
+        if ran and (moved is None or (moved and resources_overlap(planned.reads, moved))):
+            continue
+        if planned.key is not None and (ran or result.cached):
+            remember[planned.key] = DedupeEntry(result, planned.reads)
+        if ran and planned.cache_key is not None and has_cache and planned.tool is not None:
+            policy = planned.tool.tool.cache
+            if policy is not None:
+                cache_writes.append(CacheWrite(planned.cache_key, result.content, policy.ttl, planned.reads))
+    events: tuple[Any, ...] = ()
+    if want_events:
+        events = tuple(
+            ToolResultEvent(
+                session_id=session_id, run_id=run_id, round=round, index=i, call=plan.calls[i].call, result=r
+            )
+            for i, r in enumerate(results)
+            if r is not None
+        )
+    carried = plan.carried
+    finished: tuple[Any, ...] = ()
+    consumed: tuple[str, ...] = ()
+    if cut:
+        kept = [(p, r) for p, r in history if p.index in executed or p.index in carried]
+        arrived = plan.arrived_keys
+        finished = tuple((p.call_id, FinishedCall(arrived.get(p.index, p.key), r)) for p, r in kept)
+    elif carried:
+        consumed = tuple(plan.calls[i].call_id for i in carried)
+    return CommitEffects(
+        tuple(results),
+        tuple(history),
+        tuple(loaded),
+        tuple(spent),
+        frozenset(invalidated),
+        tuple(remember.items()),
+        tuple(cache_writes),
+        events,
+        finished,
+        consumed,
+        tuple(errors.values()),
+    )
+
+
+def _commit_registry() -> Registry:
+    """test_commit's tools, and a cached read whose reads a write may overlap."""
+    from cache import CachePolicy
+
+    from ._fakes import done, file_at_path, path_schema
+    from .test_commit import REGISTRY
+
+    cached = Tool(
+        "cached_read",
+        "Read, cached.",
+        done,
+        path_schema(),
+        deferred=False,
+        concurrent=True,
+        reads=file_at_path,
+        cache=CachePolicy(ttl=30),
+    )
+    return Registry([*REGISTRY, cached])
+
+
+def _plan_of(registry: Registry, state: Any, calls: list[ToolCall], decisions: Any, has_cache: bool) -> Any:
+    """Pass 1 as the session runs it, nothing found in the cache."""
+    from dispatcher._plan import DEFAULT_MAX_ARGUMENT_BYTES, Planner
+    from dispatcher._results import DEFAULT_MAX_OUTPUT_BYTES
+
+    planner = Planner(
+        registry=registry,
+        core=_CORE,
+        state=state,
+        has_cache=has_cache,
+        session_id="s",
+        mode="deferred",
+        all_loaded=False,
+        max_argument_bytes=DEFAULT_MAX_ARGUMENT_BYTES,
+        max_output_bytes=DEFAULT_MAX_OUTPUT_BYTES,
+    )
+    drafts = planner.parse(calls)
+    planner.lookups(drafts)
+    planner.resolve(drafts, {})
+    for draft in planner.gated(drafts):
+        decision = planner.take_decision(draft, decisions)
+        if decision is not None:
+            planner.allow(draft, decision)
+    return planner.finish(drafts)
+
+
+_CORE = core_registry()
+KINDS = ["read", "cached", "write", "command", "fetch", "danger", "secret", "nope"]
+FATES = ["ok", "failed", "uncertain", "timed_out", "unfinished", "unstarted"]
+
+
+def _call_of(kind: str, i: int, path: str, call_id: str) -> ToolCall:
+    """A call of one of `_commit_registry`'s tools (`secret`: run_tool of a deferred one,
+    answered with its schema until loaded; `nope`: an unknown name)."""
+    if kind == "read":
+        return ToolCall(call_id, "read_file", {"path": path})
+    if kind == "cached":
+        return ToolCall(call_id, "cached_read", {"path": path})
+    if kind == "write":
+        return ToolCall(call_id, "write_file", {"path": path})
+    if kind == "command":
+        return ToolCall(call_id, "run_command", {"cmd": "ls"})
+    if kind == "fetch":
+        return ToolCall(call_id, "fetch_page", {"url": f"u{i % 2}"})
+    if kind == "danger":
+        return ToolCall(call_id, "danger", {"n": i})
+    if kind == "secret":
+        return ToolCall(call_id, "run_tool", {"name": "secret_tool", "args": {"x": i}})
+    return ToolCall(call_id, "nope", {})
+
+
+def _outcomes(plan: Any, fates: Callable[[int], str]) -> tuple[dict[int, Any], set[int]]:
+    """What pass 2 would leave of `plan`, the call at index `i` (if it runs) given `fates(i)`."""
+    from dispatcher._results import failure_result
+
+    executed: dict[int, Any] = {}
+    started: set[int] = set()
+    for planned in plan.calls:
+        if not planned.runs:
+            continue
+        fate = fates(planned.index)
+        if fate != "unstarted":
+            started.add(planned.index)
+        if fate == "ok":
+            executed[planned.index] = ToolResult(
+                planned.call_id, planned.name, Status.ok, f"out {planned.index}", started=1.0 + planned.index
+            )
+        elif fate in ("failed", "uncertain", "timed_out"):
+            executed[planned.index] = failure_result(
+                planned.call_id,
+                planned.name,
+                Status.timed_out if fate == "timed_out" else Status.failed,
+                f"it broke at /tmp/x{planned.index}",
+                effect_uncertain=fate == "uncertain",
+                started=2.0,
+                duration=0.5,
+            )
+    return executed, started
+
+
+class _Both:
+    """Two sessions' memories, one landed from the lean commit and one from the first."""
+
+    def __init__(self) -> None:
+        from dispatcher._history import History
+        from dispatcher._plan import PlannerState
+
+        self.registry = _commit_registry()
+        self.states = [PlannerState(), PlannerState()]
+        self.histories = [History(), History()]
+        self.round = 0
+
+    def check(
+        self,
+        rng: random.Random,
+        calls: list[ToolCall],
+        decisions: dict[str, Any],
+        fates: Callable[[int], str],
+    ) -> None:
+        """Plan `calls`, give them `fates`, commit both ways with random options, land both:
+        the same effects, memory and history."""
+        from dispatcher._commit import commit, land
+        from dispatcher._errors import FailureNotes
+
+        self.round += 1
+        has_cache = rng.random() < 0.6
+        plan = _plan_of(self.registry, self.states[0], calls, decisions, has_cache)
+        executed, started = _outcomes(plan, fates)
+        options: dict[str, Any] = dict(
+            started=started,
+            moved=rng.choice(
+                [frozenset(), frozenset(), None, frozenset({"file:/a"}), frozenset({"file:/zzz"})]
+            ),
+            cut=rng.random() < 0.3,
+            has_cache=has_cache,
+            run_id=1,
+            round=self.round,
+            session_id="s",
+            want_events=rng.random() < 0.5,
+            failures=rng.choice([None, FailureNotes(), FailureNotes(remembering=True, write_error=True)]),
+        )
+        lean = commit(plan, executed, **options)
+        first = _reference_commit(plan, executed, **options)
+        assert lean == first, (calls, options)
+        assert [type(v) for v in vars(lean).values()] == [type(v) for v in vars(first).values()]
+        for effects, state, history in zip((lean, first), self.states, self.histories, strict=True):
+            land(effects, state, history, run_id=1, round=self.round)
+        assert self.states[0] == self.states[1]
+        assert list(self.histories[0]) == list(self.histories[1])
+        assert (self.histories[0].calls, self.histories[0].by_status) == (
+            self.histories[1].calls,
+            self.histories[1].by_status,
+        )
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_commit_and_land_do_what_the_first_commit_did(seed: int) -> None:
+    """Random batches (reads, cached reads, writes, approvals, unknown and deferred tools,
+    ids used twice, repeated calls), random outcomes (ok, failed with and without an
+    uncertain effect, timed out, started and never finished, never started), moved epochs,
+    cut batches, events and failure notes, round after round of one session: the lean
+    commit returns exactly the effects the first one did, and landing them leaves the same
+    session memory and history."""
+    rng = random.Random(seed)
+    both = _Both()
+    for _ in range(15):
+        calls, decisions = [], {}
+        for i in range(rng.randint(1, 8)):
+            call_id = f"c{i}" if rng.random() < 0.9 else "c0"
+            calls.append(_call_of(rng.choice(KINDS), i, rng.choice(["/a", "/b", "/a/x"]), call_id))
+            if rng.random() < 0.7:
+                decisions[call_id] = Allow()
+        both.check(rng, calls, decisions, lambda index: rng.choice(["ok", "ok", *FATES]))
+
+
+def test_commit_and_land_do_what_the_first_commit_did_for_every_pair() -> None:
+    """Every two-call batch of two kinds and two outcomes (on one file or two): the lean
+    commit and the first agree, effects, memory and history."""
+    rng = random.Random(7)
+    for first_kind in KINDS:
+        for second_kind in KINDS:
+            both = _Both()  # a session per pair of kinds: its history stays short to compare
+            for first_fate in FATES:
+                for second_fate in FATES:
+                    fates = {0: first_fate, 1: second_fate}
+                    calls = [
+                        _call_of(first_kind, 0, "/a", "c0"),
+                        _call_of(second_kind, 1, rng.choice(["/a", "/a/x", "/b"]), "c1"),
+                    ]
+                    both.check(rng, calls, {"c0": Allow(), "c1": Allow()}, fates.__getitem__)
+
+
+# --- run control: batches without a signal share one that stays empty ----------------------
+
+
+async def test_signals_stay_with_their_batch() -> None:
+    """Batches whose tools interrupt, block and raise KeyboardInterrupt (alone, in groups,
+    in sessions running at once) each raise their own signal; the calm batches between and
+    beside them raise nothing, and the run control they share stays empty."""
+    from dispatcher import DispatchInterrupted, HookBlocked
+    from dispatcher._execute import _CALM
+
+    async def calm(args: Mapping[str, Any], ctx: Any) -> str:
+        await anyio.sleep(0.001 * args.get("n", 0))
+        return "calm"
+
+    async def interrupt(args: Mapping[str, Any], ctx: Any) -> str:
+        raise DispatchInterrupted([(ToolCall(ctx.call_id, ctx.tool_name, {}), "ask first", None)])
+
+    async def block(args: Mapping[str, Any], ctx: Any) -> str:
+        raise HookBlocked("no")
+
+    async def stop(args: Mapping[str, Any], ctx: Any) -> str:
+        raise KeyboardInterrupt
+
+    tools = [
+        Tool(name, f"The {name} tool.", fn, SCHEMA, deferred=False, concurrent=True)
+        for name, fn in (("calm", calm), ("interrupt", interrupt), ("block", block), ("stop", stop))
+    ]
+    d = Dispatcher(Registry(tools))
+    expected = {"interrupt": DispatchInterrupted, "block": HookBlocked, "stop": KeyboardInterrupt}
+    rng = random.Random(3)
+    outcomes: list[tuple[str, str]] = []
+
+    async def session(name: str) -> None:
+        s = d.session(name)
+        for round_ in range(12):
+            s.new_run()
+            signal = rng.choice(["calm", "calm", *expected])
+            size = rng.choice([1, 1, 3])
+            calls = [ToolCall(f"{name}{round_}c{i}", "calm", {"n": i}) for i in range(size - 1)]
+            calls.insert(rng.randint(0, len(calls)), ToolCall(f"{name}{round_}x", signal, {}))
+            try:
+                results = await s.dispatch(calls)
+            except (DispatchInterrupted, HookBlocked, KeyboardInterrupt) as exc:
+                outcomes.append((signal, type(exc).__name__))
+            else:
+                assert [r.content for r in results] == ["calm"] * size
+                outcomes.append((signal, "calm"))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for name in "abc":
+                tg.start_soon(session, name)
+    assert all(got == (expected[sent].__name__ if sent in expected else "calm") for sent, got in outcomes)
+    assert {sent for sent, _ in outcomes} == {"calm", *expected}
+    assert not _CALM and not (_CALM.blocked or _CALM.interrupted or _CALM.keyboard)
