@@ -9,7 +9,10 @@ or where the kernel must know which loop it is on:
   (trio's natives on trio: anyio's wrappers there cost several microseconds a call;
   anyio's own on asyncio, where they are the implementation);
 - `loop_identity()`: what a Dispatcher binds to on first use, so that using it from a
-  second loop or thread is a clear error instead of a hang;
+  second loop or thread is a clear error instead of a hang (`loop_reader()`: its loop,
+  read again every batch for less);
+- `slot_ops(limiter, would_block)`: how pass 2 takes a limiter slot without waiting and
+  gives it back (on trio, without trio's round of calls that wakes nobody when nobody waits);
 - `wait_readable(fd)`: how pass 2 waits for a worker process's reply;
 - `poster()`: how a thread of the kernel's own (the recording's writer) wakes the loop;
 - `BlockWatch`: how an async tool that holds the loop is caught — a probe the loop must
@@ -21,7 +24,10 @@ or where the kernel must know which loop it is on:
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import logging
+import operator
 import os
 import subprocess
 import sys
@@ -38,6 +44,7 @@ import anyio.lowlevel
 import attrs
 import sniffio
 import trio
+from trio._core._run import GLOBAL_RUN_CONTEXT as _TRIO_RUN
 
 __all__ = [
     "BlockWatch",
@@ -45,11 +52,13 @@ __all__ = [
     "Primitives",
     "cancellation_pending",
     "loop_identity",
+    "loop_reader",
     "open_process",
     "ordinary_failure",
     "poster",
     "primitives",
     "shared_block_watch",
+    "slot_ops",
     "wait_readable",
 ]
 
@@ -73,6 +82,31 @@ def loop_identity() -> LoopIdentity:
     return "asyncio", loop, threading.get_ident()
 
 
+def _asyncio_loop() -> object:
+    """The running asyncio loop, unless `loop_identity` would find a trio run first (a trio
+    guest on this loop's thread): then None."""
+    if hasattr(_TRIO_RUN, "runner"):
+        return None
+    return asyncio.get_running_loop()
+
+
+def loop_reader(identity: LoopIdentity) -> Callable[[], object]:
+    """What reads the running loop of `identity` again (its trio token, or its asyncio loop)
+    for less than `loop_identity`: on trio, trio's run context read with no Python frame
+    (`current_trio_token` is two); on asyncio, without the RuntimeError trio raises first.
+    Where `loop_identity` would say another loop, it returns something else or raises
+    (AttributeError, RuntimeError)."""
+    if identity[0] == "asyncio":
+        return _asyncio_loop
+    read: Callable[[], object] = functools.partial(operator.attrgetter("runner.trio_token"), _TRIO_RUN)
+    try:
+        if read() is identity[1]:
+            return read
+    except AttributeError:  # pragma: no cover - a trio that keeps its run elsewhere
+        pass
+    return trio.lowlevel.current_trio_token  # pragma: no cover - the same, asked the usual way
+
+
 @attrs.frozen
 class Primitives:
     """The structured-concurrency primitives of one backend, with anyio's API shapes:
@@ -92,16 +126,25 @@ class Primitives:
     would_block: type[Exception]
     waiting: Callable[[Any], int]
     """How many tasks wait for a slot of a limiter (of any kind), cheaply."""
-    under_deadline: Callable[[Coroutine[Any, Any, Any], float], Awaitable[tuple[Any, bool]]]
-    """`await under_deadline(coro, deadline)` awaits `coro` as `with cancel_scope(deadline=
-    deadline)` around it would: (its value, whether the scope cut it short)."""
+    under_deadline: Callable[
+        [Coroutine[Any, Any, Any], float], tuple[Any, Awaitable[tuple[Any, bool]] | None]
+    ]
+    """`under_deadline(coro, deadline)` starts awaiting `coro` as `with cancel_scope(deadline=
+    deadline)` around it would: `(its value, None)` if it returned before it first waited
+    (on trio; nothing is left to await, and no scope could have cut it short), else
+    `(None, rest)`, where `await rest` is (its value, whether the scope cut it short)."""
 
 
 async def _scoped(coro: Coroutine[Any, Any, Any], deadline: float) -> tuple[Any, bool]:
-    """`under_deadline` as it reads: the coroutine inside a cancel scope."""
+    """The coroutine inside a cancel scope: (its value, whether the scope cut it short)."""
     with anyio.CancelScope(deadline=deadline) as scope:
         return await coro, False
     return None, scope.cancelled_caught
+
+
+def _under_scope(coro: Coroutine[Any, Any, Any], deadline: float) -> tuple[None, Awaitable[tuple[Any, bool]]]:
+    """`under_deadline` as it reads: everything is left to await, in a cancel scope."""
+    return None, _scoped(coro, deadline)
 
 
 @types.coroutine
@@ -149,24 +192,39 @@ def _scope_beneath(task: Any, base: Any, deadline: float) -> trio.CancelScope | 
     return scope
 
 
-async def _trio_under_deadline(coro: Coroutine[Any, Any, Any], deadline: float) -> tuple[Any, bool]:
+def _trio_under_deadline(
+    coro: Coroutine[Any, Any, Any], deadline: float
+) -> tuple[Any, Awaitable[tuple[Any, bool]] | None]:
     """`under_deadline` on trio, where a cancel scope costs more than a quick call: the
-    call's first step runs before any scope exists, and a call that returns in it (it never
-    waited, so no scope could have cut it short) pays for none. One that suspended gets its
-    scope then, as if it had been there from the start (beneath the scopes its first step
-    opened, if it opened any). The one difference a call can see: before it first waits,
-    `current_effective_deadline()` does not include its timeout."""
-    task = trio.lowlevel.current_task()
+    call's first step runs here, before any scope exists, and a call that returns in it (it
+    never waited, so no scope could have cut it short) pays for no scope, and no coroutine
+    of ours. One that suspended gets its scope then, as if it had been there from the start
+    (beneath the scopes its first step opened, if it opened any). The one difference a call
+    can see: before it first waits, `current_effective_deadline()` does not include its
+    timeout."""
+    task = _TRIO_RUN.task  # `current_task()` without its frame (see `_trio_holds_cancel_status`)
     base = task._cancel_status
     try:
         yielded = coro.send(None)
     except StopIteration as done:
-        return done.value, False
+        return done.value, None
     if task._cancel_status is base:
-        with trio.CancelScope(deadline=deadline) as scope:
-            return await _resume(coro, yielded), False
-        return None, scope.cancelled_caught
-    beneath = _scope_beneath(task, base, deadline)
+        return None, _trio_in_scope(coro, yielded, deadline)
+    return None, _trio_beneath(coro, yielded, _scope_beneath(task, base, deadline))
+
+
+async def _trio_in_scope(coro: Coroutine[Any, Any, Any], yielded: Any, deadline: float) -> tuple[Any, bool]:
+    """The rest of a call whose first step left no scope open, in a scope of `deadline`."""
+    with trio.CancelScope(deadline=deadline) as scope:
+        return await _resume(coro, yielded), False
+    return None, scope.cancelled_caught
+
+
+async def _trio_beneath(
+    coro: Coroutine[Any, Any, Any], yielded: Any, beneath: trio.CancelScope | None
+) -> tuple[Any, bool]:
+    """The rest of a call whose first step left scopes open, in the scope `_scope_beneath`
+    entered beneath them."""
     if beneath is None:  # pragma: no cover - a first step that left its own scopes misnested
         return await _resume(coro, yielded), False
     try:
@@ -180,15 +238,18 @@ async def _trio_under_deadline(coro: Coroutine[Any, Any, Any], deadline: float) 
 
 
 def _trio_holds_cancel_status() -> bool:
-    """Whether this trio keeps what `_trio_under_deadline` and `_scope_beneath` use: a
-    task's `_cancel_status`, a status's settable `parent`, `Task._activate_cancel_status`."""
+    """Whether this trio keeps what `_trio_under_deadline` and `_scope_beneath` use: the
+    current task in its run context, a task's `_cancel_status`, a status's settable
+    `parent`, `Task._activate_cancel_status`."""
     try:
         task = trio.lowlevel.current_task()
         parent = getattr(type(task._cancel_status), "parent", None)
+        here = getattr(_TRIO_RUN, "task", None)
     except (AttributeError, RuntimeError):
         return False
     return (
-        isinstance(parent, property)
+        here is task
+        and isinstance(parent, property)
         and parent.fset is not None
         and callable(getattr(task, "_activate_cancel_status", None))
     )
@@ -203,7 +264,62 @@ def _waiting(limiter: Any) -> int:
         queue = getattr(limiter, "_wait_queue", None)
     if queue is None:
         return int(limiter.statistics().tasks_waiting)
-    return len(queue)
+    return len(getattr(queue, "_parked", queue))  # trio's ParkingLot counts its OrderedDict in a frame
+
+
+def _trio_layout(limiter: Any) -> bool:
+    """Whether `limiter` is a trio CapacityLimiter keeping what `slot_ops` reads: its
+    borrowers in a set, its waiters parked in an OrderedDict, its total."""
+    lot = getattr(limiter, "_lot", None)
+    return (
+        type(limiter) is trio.CapacityLimiter
+        and type(getattr(limiter, "_borrowers", None)) is set
+        and type(getattr(lot, "_parked", None)) is collections.OrderedDict
+        and isinstance(getattr(limiter, "_total_tokens", None), (int, float))
+    )
+
+
+def slot_ops(
+    limiter: Any, would_block: type[Exception]
+) -> tuple[Callable[[object], bool], Callable[[object], None]]:
+    """`(take, give_back)` for slots of `limiter`: `take(borrower)` is
+    `acquire_on_behalf_of_nowait` saying False where it would raise `would_block`, and
+    `give_back(borrower)` is `release_on_behalf_of`. On a trio CapacityLimiter both read its
+    state directly in one frame while nobody waits for a slot, and are trio's own otherwise:
+    trio's take is a frame and its give-back five (waking the waiters, of whom there are
+    none, is four), for what is a set operation. Errors are trio's (its own methods raise
+    them), and so are the limit and the order of waiters: a slot is taken here only where
+    trio's `acquire_on_behalf_of_nowait` would take it, and given back here only where
+    trio's release would wake nobody."""
+
+    def take_as_usual(borrower: object) -> bool:
+        try:
+            limiter.acquire_on_behalf_of_nowait(borrower)
+        except would_block:
+            return False
+        return True
+
+    if not _trio_layout(limiter):
+        return take_as_usual, limiter.release_on_behalf_of
+    borrowers: set[object] = limiter._borrowers
+    parked: collections.OrderedDict[Any, None] = limiter._lot._parked
+    release = limiter.release_on_behalf_of
+
+    @trio.lowlevel.enable_ki_protection  # as trio's own: no Ctrl-C between the check and the change
+    def take(borrower: object) -> bool:
+        if not parked and len(borrowers) < limiter._total_tokens and borrower not in borrowers:
+            borrowers.add(borrower)
+            return True
+        return take_as_usual(borrower)  # none free, or someone waits: trio says (or raises)
+
+    @trio.lowlevel.enable_ki_protection
+    def give_back(borrower: object) -> None:
+        if parked or borrower not in borrowers:
+            release(borrower)  # trio wakes who waits (or raises)
+        else:
+            borrowers.remove(borrower)
+
+    return take, give_back
 
 
 _TRIO = Primitives(
@@ -237,7 +353,7 @@ def _trio_clock() -> Callable[[], float]:
 def primitives() -> Primitives:
     """The running loop's primitives (see `Primitives`)."""
     if sniffio.current_async_library() == "trio":
-        eager = _trio_under_deadline if _trio_holds_cancel_status() else _scoped
+        eager = _trio_under_deadline if _trio_holds_cancel_status() else _under_scope
         return attrs.evolve(_TRIO, clock=_trio_clock(), under_deadline=eager)
     return Primitives(
         "asyncio",
@@ -251,7 +367,7 @@ def primitives() -> Primitives:
         anyio.CapacityLimiter,
         anyio.WouldBlock,
         _waiting,
-        _scoped,
+        _under_scope,
     )
 
 

@@ -10,6 +10,7 @@ writes the recording. Nothing here touches the event loop, a store or the disk.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Mapping
 
 import attrs
@@ -19,12 +20,12 @@ from ._history import History
 from ._plan import DedupeEntry, FinishedCall, Plan, PlannedCall, PlannerState, _served_again
 from ._policy import resources_overlap
 from ._seams import CacheWrite, ErrorRecord
-from ._types import Status, ToolResult, ToolResultEvent, maker
+from ._types import Status, ToolResult, ToolResultEvent
 
 __all__ = ["CommitEffects", "commit", "forget_overlapping", "land"]
 
 
-@attrs.frozen
+@attrs.frozen(slots=False)  # one per batch: filling a dict is cheaper than setting eleven slots
 class CommitEffects:
     """What one batch changes, for the session to apply in field order.
 
@@ -49,7 +50,12 @@ class CommitEffects:
     """The failures of calls that ran, one per signature (counted), for the error store."""
 
 
-_effects: Callable[..., CommitEffects] = maker(CommitEffects)  # every field in order: one per batch
+_NOTHING: frozenset[str] = frozenset()
+_OK = Status.ok
+_entry: Callable[[tuple[ToolResult, frozenset[str]]], DedupeEntry] = functools.partial(
+    tuple.__new__, DedupeEntry
+)
+"""`DedupeEntry(result, reads)` from the pair, without the named tuple's Python `__new__`."""
 
 
 def forget_overlapping(remember: dict[str, DedupeEntry], writes: frozenset[str]) -> None:
@@ -86,12 +92,13 @@ def commit(
     changes nothing itself."""
     results: list[ToolResult | None] = []
     history: list[tuple[PlannedCall, ToolResult]] = []
-    loaded: list[str] = []
-    spent: list[str] = []
-    invalidated: set[str] = set()
     remember: dict[str, DedupeEntry] = {}
-    cache_writes: list[CacheWrite] = []
-    errors: dict[str, ErrorRecord] = {}
+    # what most batches never add to starts empty and immutable, made anew as it grows
+    loaded: tuple[str, ...] = ()
+    spent: tuple[str, ...] = ()
+    invalidated = _NOTHING
+    cache_writes: list[CacheWrite] | None = None
+    errors: dict[str, ErrorRecord] | None = None
     for planned in plan.calls:
         ran = planned.index in executed
         if planned.outcome is not None:
@@ -101,41 +108,47 @@ def commit(
             result = None if led is None else _served_again(led, planned.call_id)
         else:
             result = executed.get(planned.index)
-            if failures is not None and result is not None and result.status is not Status.ok:
+            if failures is not None and result is not None and result.status is not _OK:
                 result, record = note_failure(result, planned.args, failures)
                 if record is not None:
+                    if errors is None:
+                        errors = {}
                     _count(errors, record)
         results.append(result)
         writes = planned.writes
         if result is None:
             if writes and planned.index in started:
                 # started, then cancelled or blocked before it answered: it may have written
-                invalidated.update(writes)
+                invalidated |= writes
                 forget_overlapping(remember, writes)
-                cache_writes = [w for w in cache_writes if not resources_overlap(w.reads, writes)]
+                if cache_writes:
+                    cache_writes = [w for w in cache_writes if not resources_overlap(w.reads, writes)]
             continue
         history.append((planned, result))
-        ok = result.status is Status.ok
+        ok = result.status is _OK
         if not ok and planned.loads_schema:
-            loaded.append(planned.name)
+            loaded += (planned.name,)
         if ran and planned.spent_approval:
-            spent.append(planned.call_id)
+            spent += (planned.call_id,)
         if writes:
             if ran and (ok or result.effect_uncertain):
                 # a write that may have happened drops what it may have changed
-                invalidated.update(writes)
+                invalidated |= writes
                 forget_overlapping(remember, writes)
-                cache_writes = [w for w in cache_writes if not resources_overlap(w.reads, writes)]
+                if cache_writes:
+                    cache_writes = [w for w in cache_writes if not resources_overlap(w.reads, writes)]
             continue  # writes are never remembered
         if not ok:
             continue  # failures are never remembered across rounds
         if ran and (moved is None or (moved and resources_overlap(planned.reads, moved))):
             continue  # it may have read what a write changed under it: returned, not kept
         if planned.key is not None and (ran or result.cached):
-            remember[planned.key] = DedupeEntry(result, planned.reads)
+            remember[planned.key] = _entry((result, planned.reads))
         if ran and planned.cache_key is not None and has_cache and planned.tool is not None:
             policy = planned.tool.tool.cache
             if policy is not None:
+                if cache_writes is None:
+                    cache_writes = []
                 cache_writes.append(CacheWrite(planned.cache_key, result.content, policy.ttl, planned.reads))
     events: tuple[ToolResultEvent, ...] = ()
     if want_events:
@@ -155,18 +168,18 @@ def commit(
         finished = tuple((p.call_id, FinishedCall(arrived.get(p.index, p.key), r)) for p, r in kept)
     elif carried:
         consumed = tuple(plan.calls[i].call_id for i in carried)
-    return _effects(  # CommitEffects, field by field
+    return CommitEffects(  # field by field
         tuple(results),
         tuple(history),
-        tuple(loaded),
-        tuple(spent),
-        frozenset(invalidated),
-        tuple(remember.items()),
-        tuple(cache_writes),
+        loaded,
+        spent,
+        invalidated,
+        tuple(remember.items()) if remember else (),
+        tuple(cache_writes) if cache_writes else (),
         events,
         finished,
         consumed,
-        tuple(errors.values()),
+        tuple(errors.values()) if errors else (),
     )
 
 
@@ -185,13 +198,16 @@ def land(effects: CommitEffects, state: PlannerState, history: History, *, run_i
     approvals spent, then the run's dedupe map (invalidations first, then what to remember).
     No await, so nothing can cut it short halfway."""
     history.add_many(run_id, round, effects.history)
-    state.loaded.update(effects.loaded)
-    state.spent_approvals.update(effects.spent_approvals)
+    if effects.loaded:
+        state.loaded.update(effects.loaded)
+    if effects.spent_approvals:
+        state.spent_approvals.update(effects.spent_approvals)
     if effects.invalidations:
         forget_overlapping(state.dedupe, effects.invalidations)
     if effects.remember:
         state.dedupe.update(effects.remember)
     if effects.finished:
         state.finished.update(effects.finished)
-    for call_id in effects.consumed:
-        state.finished.pop(call_id, None)
+    if effects.consumed:
+        for call_id in effects.consumed:
+            state.finished.pop(call_id, None)

@@ -11,6 +11,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from threading import get_ident
 from typing import Any
 
 import anyio
@@ -45,6 +46,8 @@ class _Binding:
     loop: _backend.LoopIdentity
     thread_limiter: anyio.CapacityLimiter
     primitives: _backend.Primitives
+    read_loop: Callable[[], object]
+    """Reads `loop[1]` again while on that loop (`_backend.loop_reader`)."""
 
 
 def default_limit() -> int:
@@ -154,11 +157,20 @@ class Dispatcher:
 
     def _bind(self) -> _Binding:
         """The loop this dispatcher belongs to: the first one to use it."""
-        here = _backend.loop_identity()
         bound = self._binding
+        if bound is not None:
+            # every batch: the same loop on the same thread, read for less than `loop_identity`
+            try:
+                if bound.read_loop() is bound.loop[1] and get_ident() == bound.loop[2]:
+                    return bound
+            except (AttributeError, RuntimeError):  # not on it: `loop_identity` says where
+                pass
+        here = _backend.loop_identity()
         if bound is None:
             primitives = _backend.primitives()
-            bound = self._binding = _Binding(here, anyio.CapacityLimiter(math.inf), primitives)
+            bound = self._binding = _Binding(
+                here, anyio.CapacityLimiter(math.inf), primitives, _backend.loop_reader(here)
+            )
             if self.limiter.borrowed_tokens == 0:
                 # the loop's own limiter from now on: anyio's wrapper of trio's costs a call
                 self.limiter = primitives.capacity_limiter(self.limiter.total_tokens)

@@ -107,6 +107,10 @@ class RunControl:
         return None
 
 
+_CALM = RunControl()
+"""The run control of every batch that has no signal: never written (see `Executor._signalled`)."""
+
+
 def _propagates(exc: BaseException) -> bool:
     """Cancellation, or a group holding one, is the caller's: never a call's result. Only
     the task's own (`_backend.cancellation_pending`): on asyncio a CancelledError a tool
@@ -240,6 +244,7 @@ class Executor:
         self._now = primitives.clock
         self._p = primitives
         self._waiting = primitives.waiting
+        self._take, self._give = _backend.slot_ops(limiter, primitives.would_block)
         self._watch = watch if watch is not None else Watch(None, DEFAULT_BLOCK_THRESHOLD)
         self._holding = self._watch.holding
         self._blocking = self._watch.blocking
@@ -256,7 +261,7 @@ class Executor:
         self._context = context  # run id, round, deadline and host of every call's ToolContext
         self.results: dict[int, ToolResult] = {}
         self.started: set[int] = set()  # calls whose handler (or, in replay, runner) was started
-        self.control = RunControl()
+        self.control = _CALM  # made anew by `_signalled`, at the batch's first signal
         self._nested = False
 
     def fresh(
@@ -268,6 +273,14 @@ class Executor:
         made.__dict__ = self._settings.copy()
         made._begin(deadline, context)
         return made
+
+    def _signalled(self) -> RunControl:
+        """This batch's run control, to record a signal in: made at the first one (most
+        batches have none, and share one that stays empty)."""
+        control = self.control
+        if control is _CALM:
+            control = self.control = RunControl()
+        return control
 
     def _timeout_of(self, planned: PlannedCall) -> float:
         tool = planned.tool
@@ -310,7 +323,7 @@ class Executor:
                             _RUNNING_ON.reset(running_on)
                     else:
                         await self._run_group([calls[i] for i in group])
-                    if self.control:
+                    if self.control is not _CALM:  # a signal came (`_signalled`)
                         return  # later groups do not start
             finally:
                 if lock is not None:
@@ -469,7 +482,7 @@ class Executor:
                 self._block(planned, exc)
                 return
             except DispatchInterrupted as exc:
-                self.control.interrupted[planned.index] = exc
+                self._signalled().interrupted[planned.index] = exc
                 return
             except BaseException as exc:  # the call is over and its result stands; a faulty hook is logged
                 if not _backend.ordinary_failure(exc):
@@ -484,7 +497,7 @@ class Executor:
     def _block(self, planned: PlannedCall, exc: HookBlocked) -> None:
         if exc.call_id is None:
             exc.call_id = planned.call_id
-        self.control.blocked[planned.index] = exc
+        self._signalled().blocked[planned.index] = exc
 
     async def _run_call(self, planned: PlannedCall, slot: _Slot) -> None:
         index = planned.index
@@ -513,10 +526,10 @@ class Executor:
             self._block(planned, exc)
             return
         except DispatchInterrupted as exc:
-            self.control.interrupted[index] = exc
+            self._signalled().interrupted[index] = exc
             return
         except KeyboardInterrupt as exc:  # the tool's own: its siblings finish, then it propagates
-            self.control.keyboard[index] = exc
+            self._signalled().keyboard[index] = exc
             return
         if hooks.after:
             await self._finish(planned, result, ctx, call)
@@ -552,7 +565,6 @@ class Executor:
         assert tool is not None
         timeout = self._timeout_of(planned)
         args = planned.args
-        limiter = self._limiter
         borrower: object | None = None  # nested: the calling handler's slot, nothing to take
         # a sync call's slot is given back by its thread (it may outlive a timeout); others
         # give theirs back as they end, or keep it for their worker's next call
@@ -565,9 +577,7 @@ class Executor:
                 # one per slot taken, hashed by identity: a ToolContext hashes by value, and
                 # two calls of a batch may share an id
                 borrower = object()
-                try:
-                    limiter.acquire_on_behalf_of_nowait(borrower)
-                except self._p.would_block:  # the loop's own limiter raises the loop's own WouldBlock
+                if not self._take(borrower):
                     waited = await self._queue(planned, borrower, timeout)
                     if waited is not None:
                         return waited
@@ -601,7 +611,10 @@ class Executor:
                 if type(awaitable) is types.CoroutineType:
                     # a handler's coroutine (or a runner's), held to its deadline without a
                     # cancel scope of its own while it never waits
-                    value, late = await self._p.under_deadline(awaitable, deadline)
+                    value, rest = self._p.under_deadline(awaitable, deadline)
+                    late = False
+                    if rest is not None:
+                        value, late = await rest
                     if late or (tool.is_async and self._now() >= deadline):
                         # cut short, or it swallowed that and returned after its deadline (a
                         # nested sync call, on its caller's slot, is not cut and counts as it ends)
@@ -664,10 +677,7 @@ class Executor:
         if self._deadline is not None and self._now() >= self._deadline:
             return False  # the usual way says so
         borrower = object()
-        limiter = self._limiter
-        try:
-            limiter.acquire_on_behalf_of_nowait(borrower)
-        except self._p.would_block:
+        if not self._take(borrower):
             return False
         tool = planned.tool
         assert tool is not None
@@ -683,7 +693,10 @@ class Executor:
             awaitable = tool.tool.handler(planned.args, ctx)
             deadline = self._now() + timeout
             if type(awaitable) is types.CoroutineType:
-                value, late = await self._p.under_deadline(awaitable, deadline)
+                value, rest = self._p.under_deadline(awaitable, deadline)
+                late = False
+                if rest is not None:
+                    value, late = await rest
             else:
                 with self._p.cancel_scope(deadline=deadline) as scope:
                     value = await awaitable
@@ -696,7 +709,7 @@ class Executor:
             self._land_raised(planned, None, exc, started, t0)
         finally:
             del holding[borrower]
-            limiter.release_on_behalf_of(borrower)
+            self._give(borrower)
         return True
 
     def _returned(
@@ -731,12 +744,12 @@ class Executor:
         elif isinstance(exc, DispatchInterrupted):
             if slot is not None:
                 slot.idle()
-            self.control.interrupted[planned.index] = exc
+            self._signalled().interrupted[planned.index] = exc
         else:
             try:
                 self.results[planned.index] = self._raised(planned, slot, exc, started, t0)
             except KeyboardInterrupt as keyboard:
-                self.control.keyboard[planned.index] = keyboard
+                self._signalled().keyboard[planned.index] = keyboard
 
     def _raised(
         self, planned: PlannedCall, slot: _Slot | None, exc: BaseException, started: float, t0: float
@@ -766,13 +779,12 @@ class Executor:
         """A call on `borrower`'s limiter slot is over: its worker keeps the slot for its next
         call while nobody waits for one (taking and giving back a slot per call costs more
         than the rest of it), else it goes back."""
-        limiter = self._limiter
-        if slot.watched and self._keep and not self._waiting(limiter):
+        if slot.watched and self._keep and not self._waiting(self._limiter):
             slot.borrower = borrower
         else:  # what Watch.release does, inline: this is every async call
             slot.borrower = None
             del self._holding[borrower]
-            limiter.release_on_behalf_of(borrower)
+            self._give(borrower)
 
     async def _queue(self, planned: PlannedCall, borrower: object, call_timeout: float) -> ToolResult | None:
         """Wait for a slot, at most the queue limit (default: the call's timeout). None: got
