@@ -111,17 +111,12 @@ _CALM = RunControl()
 """The run control of every batch that has no signal: never written (see `Executor._signalled`)."""
 
 
-def _propagates(exc: BaseException) -> bool:
-    """Cancellation, or a group holding one, is the caller's: never a call's result. Only
-    the task's own (`_backend.cancellation_pending`): on asyncio a CancelledError a tool
-    raises itself, having awaited a future or a task that something else cancelled, is
-    that call's failure, as any other exception is."""
+def _is_cancellation(exc: BaseException) -> bool:
+    """Whether `exc` is the loop's cancellation, or a group holding one."""
     cancelled = anyio.get_cancelled_exc_class()
-    if isinstance(exc, cancelled) or (
+    return isinstance(exc, cancelled) or (
         isinstance(exc, BaseExceptionGroup) and exc.subgroup(cancelled) is not None
-    ):
-        return _backend.cancellation_pending()
-    return False
+    )
 
 
 def _keyboard_in(group: BaseExceptionGroup[BaseException]) -> KeyboardInterrupt | None:
@@ -416,21 +411,27 @@ class Executor:
                 return
             plain = self._plain
             while True:
-                with self._p.cancel_scope() as scope:
-                    slot.scope, slot.cut = scope, False
-                    while todo:
-                        planned = todo.popleft()
-                        tool = planned.tool
-                        if plain and slot.borrower is not None and tool is not None and tool.is_async:
-                            await self._run_kept(planned, slot)
+                try:
+                    with self._p.cancel_scope() as scope:
+                        slot.scope, slot.cut = scope, False
+                        while todo:
+                            planned = todo.popleft()
+                            tool = planned.tool
+                            if plain and slot.borrower is not None and tool is not None and tool.is_async:
+                                await self._run_kept(planned, slot)
+                            else:
+                                await self._run_call(planned, slot)
+                            if slot.cut:
+                                # the call overran but swallowed its cancellation and returned:
+                                # the next call must not inherit a cancelled scope
+                                break
                         else:
-                            await self._run_call(planned, slot)
-                        if slot.cut:
-                            # the call overran but swallowed its cancellation and returned:
-                            # the next call must not inherit a cancelled scope
-                            break
-                    else:
-                        return
+                            return
+                except BaseException as exc:
+                    # the watchdog's cut, which the tool took and raised anew as a cancellation
+                    # of its own (asyncio's scope lets through a CancelledError it did not make)
+                    if not (slot.cut and _is_cancellation(exc) and not _backend.cancellation_pending()):
+                        raise
                 # only the watchdog cancels this scope: the running call timed out
                 timed_out = slot.running
                 if timed_out is not None and slot.ctx is not None:
@@ -597,6 +598,7 @@ class Executor:
         holding = self._holding
         if borrower is not None:
             holding[borrower] = (planned, t0, timeout)
+        deadline: float | None = None  # of its own scope, when no watchdog's slot cuts it
         try:
             if slot.watched:
                 slot.running, slot.ctx, slot.started, slot.t0 = planned, ctx, started, t0
@@ -633,7 +635,7 @@ class Executor:
                 return attrs.evolve(value, call_id=planned.call_id, name=planned.name)
             return self._returned(planned, value, timeout, started, t0, tool.is_async)
         except BaseException as exc:
-            return self._raised(planned, slot, exc, started, t0)
+            return self._raised(planned, slot, exc, started, t0, deadline)
         finally:
             if release:
                 self._done_with(slot, borrower)
@@ -689,6 +691,7 @@ class Executor:
         started = time.time()
         t0 = time.monotonic()
         holding[borrower] = (planned, t0, timeout)
+        deadline = math.inf
         try:
             awaitable = tool.tool.handler(planned.args, ctx)
             deadline = self._now() + timeout
@@ -706,7 +709,7 @@ class Executor:
             else:
                 self.results[index] = self._returned(planned, value, timeout, started, t0, True)
         except BaseException as exc:
-            self._land_raised(planned, None, exc, started, t0)
+            self._land_raised(planned, None, exc, started, t0, deadline)
         finally:
             del holding[borrower]
             self._give(borrower)
@@ -733,7 +736,13 @@ class Executor:
         )
 
     def _land_raised(
-        self, planned: PlannedCall, slot: _Slot | None, exc: BaseException, started: float, t0: float
+        self,
+        planned: PlannedCall,
+        slot: _Slot | None,
+        exc: BaseException,
+        started: float,
+        t0: float,
+        deadline: float | None = None,
     ) -> None:
         """What `_run_call` makes of a handler's exception, for the one-frame paths: run
         control collected, a failure the call's result, cancellation raised again."""
@@ -747,19 +756,33 @@ class Executor:
             self._signalled().interrupted[planned.index] = exc
         else:
             try:
-                self.results[planned.index] = self._raised(planned, slot, exc, started, t0)
+                self.results[planned.index] = self._raised(planned, slot, exc, started, t0, deadline)
             except KeyboardInterrupt as keyboard:
                 self._signalled().keyboard[planned.index] = keyboard
 
     def _raised(
-        self, planned: PlannedCall, slot: _Slot | None, exc: BaseException, started: float, t0: float
+        self,
+        planned: PlannedCall,
+        slot: _Slot | None,
+        exc: BaseException,
+        started: float,
+        t0: float,
+        deadline: float | None = None,
     ) -> ToolResult:
         """The result of a handler that raised `exc`: ordinary failures become results; run
         control and cancellation raise again (a tool's KeyboardInterrupt as itself). Only a
         cancellation leaves `slot` (None: a call run alone by `_run_alone`) saying what
-        runs, for the worker that reports the timeout."""
-        if _propagates(exc):  # cancellation is a BaseException, never an ordinary failure
-            raise exc  # the worker reports a timeout from what the slot says is running
+        runs, for the worker that reports the timeout. A cancellation is the call's when
+        its slot was cut or the task is being cancelled; else, past the call's `deadline`
+        (its own scope's), its timeout, however it took the cut; else a CancelledError the
+        tool raised itself (asyncio: it awaited something else cancelled), its failure."""
+        if _is_cancellation(exc):
+            if (slot is not None and slot.cut) or _backend.cancellation_pending():
+                raise exc  # the worker reports a timeout from what the slot says is running
+            if deadline is not None and self._now() >= deadline:
+                if slot is not None:
+                    slot.idle()
+                return self._timed_out(planned, self._timeout_of(planned), started, t0)
         if slot is not None:
             slot.idle()
         if isinstance(exc, (HookBlocked, DispatchInterrupted)):

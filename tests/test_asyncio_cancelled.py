@@ -4,6 +4,7 @@ something else cancelled) is that call's failure; a cancellation of the batch is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -242,3 +243,43 @@ async def test_subscribers_that_raise_cancelled_error_themselves_are_ignored() -
         for n in range(2):
             [result] = await s.dispatch([call(str(n), "echo", text=str(n))])
             assert (result.status, result.content) == (Status.ok, str(n))
+
+
+async def _takes_its_cut_and_raises_anew(args: Mapping[str, Any], ctx: Any) -> str:
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(10)
+    raise asyncio.CancelledError  # not the scope's: made here, after the cut was swallowed
+
+
+async def _uncancels_its_cut(args: Mapping[str, Any], ctx: Any) -> str:
+    try:
+        await asyncio.sleep(10)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        assert task is not None
+        task.uncancel()
+        raise
+    return "never"
+
+
+@pytest.mark.parametrize("culprit", [_takes_its_cut_and_raises_anew, _uncancels_its_cut])
+@pytest.mark.parametrize("concurrent", [True, False])
+@pytest.mark.parametrize("where", [0, 1])
+async def test_a_call_cut_at_its_timeout_times_out_however_it_takes_the_cut(
+    culprit: Any, concurrent: bool, where: int
+) -> None:
+    """A call its timeout cut, which swallows that and raises a CancelledError of its own, or
+    uncancels its task, is `timed_out`, alone, in turn or among siblings, and they keep theirs."""
+    tools = [
+        Tool("late", "Late.", culprit, NO_ARGUMENTS, concurrent=concurrent, deferred=False, timeout=0.1),
+        Tool("echo", "Echo.", _echo, TEXT_SCHEMA, concurrent=concurrent, deferred=False),
+    ]
+    s = Dispatcher(Registry(tools)).session("late", mode="direct")
+    batch = [call("0", "echo", text="zero"), call("1", "late"), call("2", "echo", text="two")][where:]
+    with anyio.fail_after(10):
+        results = await s.dispatch(batch)
+    assert [r.call_id for r in results] == [c.id for c in batch]
+    for r in results:
+        assert (r.status, r.content) in {(Status.ok, "zero"), (Status.ok, "two")} or (
+            r.call_id == "1" and r.status is Status.timed_out
+        ), r
