@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+import orjson
 import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
@@ -292,8 +293,16 @@ def _batches(draw: st.DrawFn) -> dict[str, Any]:
             max_size=3,
         )
     )
+    rewrites = draw(
+        st.dictionaries(
+            st.integers(0, 6),
+            st.tuples(st.sampled_from(["echo", "tree", "spaced", "danger"]), _OBJECTS),
+            max_size=2,
+        )
+    )
     return {
         "calls": calls,
+        "rewrites": rewrites,
         "state": _state(draw, calls),
         "decisions": decisions,
         "cache": draw(st.booleans()),
@@ -340,6 +349,9 @@ def _pass1(batch: dict[str, Any], *, in_place: bool) -> _Outcome:
         drafts = []
         try:
             drafts = planner.parse(list(batch["calls"]))
+            for index, (name, args) in batch.get("rewrites", {}).items():  # as a rewriter would
+                if index < len(drafts) and drafts[index].step == "parsed" and drafts[index].args is not None:
+                    planner.apply_rewrite(drafts[index], name, dict(args))
             wanted = planner.lookups(drafts)
             planner.resolve(drafts, hits.answer(wanted) if hits is not None else {})
             for d in planner.gated(drafts):
@@ -371,7 +383,7 @@ def _copy(state: PlannerState) -> PlannerState:
     )
 
 
-_MARKS = ("plain",)  # what the in-place path notes on a draft for itself
+_MARKS = ("plain", "floatless")  # what the in-place path notes on a draft for itself
 
 
 def _fields(d: Any) -> dict[str, Any]:
@@ -501,6 +513,110 @@ def test_arguments_no_json_text_gives_are_checked_alike(arguments: dict[Any, Any
     assert _pass1(batch, in_place=True) == _pass1(batch, in_place=False)
 
 
+# JSON without floats, as wide as JSON goes: any character (lone surrogates too), integers
+# on both sides of 64 bits, keys that sort differently by UTF-16 and by code point, nesting
+_WIDE_TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=8)
+_WIDE = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.integers(-(2**64) - 2, 2**64 + 2),
+        st.sampled_from([2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1]),
+        _WIDE_TEXT,
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(
+            st.one_of(_WIDE_TEXT, st.sampled_from(["\uffff", "\U00010000", "\ue000", "a", "A"])),
+            inner,
+            max_size=4,
+        ),
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(_WIDE_TEXT, _WIDE, max_size=4), st.booleans(), st.integers(0, 2))
+def test_floatless_json_is_read_and_written_as_json_does(
+    value: dict[str, Any], ascii: bool, depth: int
+) -> None:
+    """JSON text without a float: the in-place reading gives what json.loads gives, and the
+    form it is keyed in (orjson's, where it takes the value) is json's, byte for byte."""
+    for _ in range(depth):
+        value = {"v": [value]}
+    text = json.dumps(value, ensure_ascii=ascii)
+    expected = json.loads(text)
+    args, end = _plan._scan_floatless(text, 0)
+    assert end == len(text) and _exact(args) == _exact(expected)
+    try:
+        written = orjson.dumps(args, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        written = None  # the general way writes it
+    try:
+        canonical = canonical_json(expected)
+    except RecursionError:
+        assert written is None
+        return
+    if written is not None:
+        assert written.decode() == canonical
+    item = {"id": "c1", "type": "function", "function": {"name": "tree", "arguments": text}}
+    batch = {
+        "calls": [item],
+        "state": PlannerState(),
+        "decisions": {},
+        "cache": False,
+        "mode": "direct",
+        "all_loaded": False,
+    }
+    batch["max_argument_bytes"] = _plan.DEFAULT_MAX_ARGUMENT_BYTES
+    outcome = _pass1(batch, in_place=True)
+    assert outcome == _pass1(batch, in_place=False)
+    if "key" in outcome.drafts[0]:  # keyed (not refused for a lone surrogate): as call_key says
+        assert outcome.drafts[0]["key"] == call_key("tree", canonical)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"n": 1.5}',
+        '{"n": 1e5}',
+        '{"n": 1E-5}',
+        '{"n": -0.0}',
+        '{"n": NaN}',
+        '{"n": -Infinity}',
+        '{"t": "1.5", "n": 1e400}',
+    ],
+)
+def test_a_float_anywhere_goes_the_json_way(text: str) -> None:
+    """Any number with a fraction or exponent, NaN or an infinity: not keyed through orjson."""
+    planner = make_planner(_REGISTRY)
+    (d,) = planner.parse([{"id": "c1", "type": "function", "function": {"name": "tree", "arguments": text}}])
+    assert not d.floatless and d.from_json and _exact(d.args) == _exact(json.loads(text))
+    planner.lookups([d])
+    assert d.sent_json == canonical_json(json.loads(text))
+
+
+@pytest.mark.parametrize(
+    "args", [{"n": 1e-05}, {"n": 1e16}, {"n": float("nan")}, {"n": 2**70}, {"t": ("a",)}]
+)
+def test_a_rewrite_is_keyed_the_general_way(args: dict[str, Any]) -> None:
+    """Arguments a rewriter gave are not JSON text's: keyed in the canonical form either way."""
+    item = {"id": "c1", "type": "function", "function": {"name": "echo", "arguments": '{"text": "a"}'}}
+    batch = {
+        "calls": [item],
+        "rewrites": {0: ("tree", args)},
+        "state": PlannerState(),
+        "decisions": {},
+        "cache": False,
+    }
+    batch.update(mode="direct", all_loaded=False, max_argument_bytes=_plan.DEFAULT_MAX_ARGUMENT_BYTES)
+    outcome = _pass1(batch, in_place=True)
+    assert outcome == _pass1(batch, in_place=False)
+    assert outcome.drafts[0]["sent_json"] == canonical_json(args)
+
+
 def test_the_in_place_path_is_taken() -> None:
     """The echo call of the bench goes the in-place way (else the comparison proves nothing)."""
     planner = make_planner(_REGISTRY)
@@ -508,7 +624,7 @@ def test_the_in_place_path_is_taken() -> None:
         [{"id": "c1", "type": "function", "function": {"name": "echo", "arguments": '{"text": "a"}'}}]
     )
     planner.lookups(drafts)
-    assert drafts[0].plain
+    assert drafts[0].plain and drafts[0].floatless
     planner.resolve(drafts, {})
     assert planner.finish(drafts).calls[0].runs
 
