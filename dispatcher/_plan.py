@@ -342,6 +342,7 @@ class Plan:
 
 
 _OK = Status.ok
+_new_draft: Callable[[type[Draft]], Draft] = object.__new__
 _CALL_ID = operator.attrgetter("call_id")
 # PlannedCall(...) is a lambda calling this; called directly, one frame fewer per call
 _planned_call: Callable[[type[PlannedCall], tuple[Any, ...]], PlannedCall] = tuple.__new__
@@ -476,7 +477,11 @@ class Planner:
                     end = -1
                 if end == size and type(args) is dict:
                     name = name.strip()
-                    d = Draft(index, call_id, _clean_name(name) if "<|" in name else name, args)
+                    d = _new_draft(Draft)  # Draft(...) without the frame of its __init__
+                    d.index = index
+                    d.call_id = call_id
+                    d.name = _clean_name(name) if "<|" in name else name
+                    d.args = args
                     d.from_json = True
                     if d.name == RUN_TOOL:
                         self._unwrap_run_tool(d, args)
