@@ -29,7 +29,16 @@ from dispatcher import (
     ToolResult,
     _plan,
 )
-from dispatcher._plan import DedupeEntry, FinishedCall, Plan, Planner, PlannerState, call_key, canonical_json
+from dispatcher._plan import (
+    STOPPED_KEY,
+    DedupeEntry,
+    FinishedCall,
+    Plan,
+    Planner,
+    PlannerState,
+    call_key,
+    canonical_json,
+)
 from dispatcher._results import DEFAULT_MAX_OUTPUT_BYTES
 
 from ._fakes import done, file_at_path, path_schema
@@ -265,8 +274,11 @@ def _state(draw: st.DrawFn, calls: list[Any]) -> PlannerState:
             continue
         reads = draw(st.sampled_from([frozenset(), frozenset({"file:/a"})]))
         state.dedupe[key] = DedupeEntry(ToolResult("old", "echo", Status.ok, "earlier"), reads)
-    if draw(st.booleans()):
-        state.finished["c2"] = FinishedCall(None, ToolResult("c2", "echo", Status.ok, "finished"))
+    if draw(st.booleans()):  # c2 finished in this batch's cut-short dispatch (or started)
+        keys = [None, STOPPED_KEY, *state.dedupe, call_key("echo", '{"text":"a"}')]
+        state.finished["c2"] = FinishedCall(
+            draw(st.sampled_from(keys)), ToolResult("c2", "echo", Status.ok, "finished")
+        )
     if draw(st.booleans()):
         state.loaded.add("secret_tool")
     return state
