@@ -1069,39 +1069,53 @@ class Planner:
         if self._writes_moved:
             self._reopen_stale(drafts)
         calls: list[PlannedCall] = []
+        # the runnable calls, while all of them are concurrent and write nothing: then they
+        # are one group, as `group_calls` would find (with no write, nothing clashes)
+        together: list[int] | None = [] if _IN_PLACE else None
         for d in drafts:
             if d.step in _PLANNED_FROM:
                 d.step = "planned"
             else:
                 d.advance("planned")  # raises
+            index = d.index
+            outcome = d.outcome
+            leader = d.leader
+            writes = d.writes
+            concurrent = d.concurrent
             calls.append(
                 _planned_call(
                     PlannedCall,
                     (
-                        d.index,
+                        index,
                         d.call_id,
                         d.name,
                         d.args or {},
                         d.entry,
-                        d.outcome,
-                        d.leader,
+                        outcome,
+                        leader,
                         d.key,
                         d.reads,
-                        d.writes,
-                        d.concurrent,
+                        writes,
+                        concurrent,
                         d.cache_key if d.cacheable else None,
                         d.spent_approval,
                         d.sent_json,
                     ),
                 )
             )
+            if together is not None and outcome is None and leader is None:
+                if concurrent and not writes:
+                    together.append(index)
+                else:
+                    together = None
         # only an Allow that changed a call's key re-keys it, and that marks writes moved
         rekeyed = (
             {d.index: d.arrived_key for d in drafts if d.arrived_key is not None and d.arrived_key != d.key}
             if self._writes_moved or not _IN_PLACE
             else {}
         )
-        return _plan(tuple(calls), group_calls(calls), frozenset(self._carried), rekeyed)
+        groups = group_calls(calls) if together is None else (tuple(together),) if together else ()
+        return _plan(tuple(calls), groups, frozenset(self._carried), rekeyed)
 
 
 def group_calls(calls: Sequence[PlannedCall]) -> tuple[tuple[int, ...], ...]:
