@@ -432,6 +432,7 @@ class Planner:
         self._max_out = max_output_bytes
         self._writes_moved = False
         self._looked_up: dict[str, RegisteredTool | None] = {}
+        self._asks = not _IN_PLACE  # whether a call was found to need the gate (`gated`)
 
     # -- palette ---------------------------------------------------------------
 
@@ -615,15 +616,15 @@ class Planner:
         session asks the store for all of them in one `get_many`."""
         keyed = self._keyed = []
         in_place = _IN_PLACE and _canonical_chunks is not None
-        # a tool already found is taken from `lookup`'s answers, unless `_resolve_tool` has
-        # more to say (a deferred tool whose schema is not loaded)
-        looked_up = self._looked_up if in_place else {}
-        loaded, all_loaded, max_args = self._state.loaded, self._all_loaded, self._max_args
+        looked_up, loaded, all_loaded = self._looked_up, self._state.loaded, self._all_loaded
+        max_args = self._max_args
         for d in drafts:
             if d.step != "parsed":
                 continue
             name = d.name
-            entry = looked_up.get(name)
+            # the tool as `lookup` finds it, unless `_resolve_tool` has more to say (no tool,
+            # or a deferred one whose schema is not loaded)
+            entry = (looked_up.get(name) or self.lookup(name)) if in_place else None
             if entry is None or (entry.tool.deferred and not all_loaded and name not in loaded):
                 entry = self._resolve_tool(d)
                 if entry is None:
@@ -794,6 +795,7 @@ class Planner:
             return True
         try:
             d.confirm = _evaluate(confirm, d.args or {})
+            self._asks = self._asks or d.confirm
         except Exception as exc:
             self._fail(
                 d,
@@ -976,6 +978,8 @@ class Planner:
 
     def gated(self, drafts: Sequence[Draft]) -> list[Draft]:
         """The calls a gate must answer, in call order."""
+        if not self._asks:  # no call of this batch was found to need one
+            return []
         return [d for d in drafts if d.step == "resolved" and d.confirm]
 
     def take_decision(self, d: Draft, decisions: Mapping[str, Any] | None) -> Allow | Deny | None:

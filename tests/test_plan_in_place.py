@@ -629,6 +629,34 @@ def test_a_rewrite_is_keyed_the_general_way(args: dict[str, Any]) -> None:
     assert outcome.drafts[0]["sent_json"] == canonical_json(args)
 
 
+@pytest.mark.parametrize(
+    "decision",
+    [None, Allow(), Allow(args={"n": 1}), Allow(args={"n": 9}), Allow(args={"mode": "read"}), Deny("no")],
+)
+def test_gated_calls_and_what_their_gate_changes_come_out_alike(decision: Allow | Deny | None) -> None:
+    """Calls a gate must answer beside calls taken in place, each decision a gate can give."""
+    calls = [
+        {"id": "c1", "type": "function", "function": {"name": "danger", "arguments": '{"n": 5}'}},
+        {"id": "c2", "type": "function", "function": {"name": "maybe", "arguments": '{"mode": "write"}'}},
+        {"id": "c3", "type": "function", "function": {"name": "picky", "arguments": '{"n": 5}'}},
+        {"id": "c4", "type": "function", "function": {"name": "echo", "arguments": '{"text": "a"}'}},
+        {"id": "c5", "type": "function", "function": {"name": "danger", "arguments": '{"n": 1}'}},
+    ]
+    decisions = {} if decision is None else {"c1": decision, "c2": decision, "c3": decision}
+    batch = {
+        "calls": calls,
+        "state": PlannerState(),
+        "decisions": decisions,
+        "cache": False,
+        "mode": "direct",
+    }
+    batch.update(all_loaded=False, max_argument_bytes=_plan.DEFAULT_MAX_ARGUMENT_BYTES)
+    outcome = _pass1(batch, in_place=True)
+    assert outcome == _pass1(batch, in_place=False)
+    asked = ["c5"] if isinstance(decision, Deny) else ["c1", "c2", "c3", "c5"]  # a Deny comes first
+    assert [d["call_id"] for d in outcome.drafts if d.get("confirm")] == asked
+
+
 def test_the_in_place_path_is_taken() -> None:
     """The echo call of the bench goes the in-place way (else the comparison proves nothing)."""
     planner = make_planner(_REGISTRY)
