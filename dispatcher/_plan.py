@@ -631,10 +631,14 @@ class Planner:
                     continue
             d.entry = entry
             args = d.args
-            if entry.plain and in_place and not entry.defaults and args is not None:
+            if entry.plain and in_place and args is not None:
                 # The common call, keyed in place as `_key` keys it: a plain tool (no seams,
-                # so no `force` either) and no defaults, so what was sent is what is keyed.
-                # Arguments that are not JSON, or are too long, go there for its message.
+                # so no `force` either). Arguments that are not JSON, or are too long, go
+                # there for its message.
+                filled = None
+                if entry.defaults:
+                    defaults = copy.deepcopy(entry.defaults) if entry.defaults_mutable else entry.defaults
+                    filled = {**defaults, **args}
                 size = -1
                 if d.floatless:
                     try:
@@ -648,9 +652,20 @@ class Planner:
                         size = len(canonical) if canonical.isascii() else len(canonical.encode())
                     except (TypeError, ValueError, RecursionError):
                         pass
+                sent_json = canonical if size >= 0 else None
+                if filled is not None and len(filled) != len(args) and size >= 0:
+                    # a default filled in: the key is of the filled arguments (had every
+                    # default been sent, they would be written as what was sent)
+                    try:
+                        canonical = "".join(_canonical_chunks(filled, 0))  # type: ignore[misc]
+                        size = len(canonical) if canonical.isascii() else len(canonical.encode())
+                    except (TypeError, ValueError, RecursionError):
+                        size = -1
                 if 0 <= size <= max_args:
                     d.sent = args
-                    d.sent_json = canonical
+                    if filled is not None:
+                        d.args = filled
+                    d.sent_json = sent_json
                     d.key = d.arrived_key = xxhash.xxh3_128_hexdigest(f"{name}\x00{canonical}".encode())
                     d.concurrent = entry.tool.concurrent is True
                     d.plain = True
@@ -715,7 +730,7 @@ class Planner:
                     )
                 ):
                     try:
-                        valid = fast.is_valid(d.args)
+                        valid = fast.is_valid(d.sent)
                     except (ValueError, UnicodeError, OverflowError):
                         valid = False
                     if valid:

@@ -90,6 +90,22 @@ _EXTRA = [
         deferred=False,
     ),
     Tool(
+        "tagged",
+        "Defaults to fill, one of them a list, one required: what was sent is what is checked.",
+        done,
+        {
+            "type": "object",
+            "properties": {
+                "tags": {"type": "array", "default": ["a"]},
+                "level": {"type": "integer", "default": 3},
+                "text": {"type": "string"},
+            },
+            "required": ["level"],
+        },
+        concurrent=True,
+        deferred=False,
+    ),
+    Tool(
         "forced",
         "A cached tool with a force of its own.",
         done,
@@ -226,7 +242,14 @@ _TAKES = {
     "fetch_page": ['{"url": "u"}', '{"url": "v"}'],
     "search_web": ['{"q": "x", "force": true}', '{"q": "x"}'],
     "forced": ['{"q": "x", "force": true}'],
-    "list_dir": ["{}", '{"depth": 2}'],
+    "list_dir": ["{}", '{"depth": 2}', '{"path": "/x", "depth": 2}', '{"path": "/x", "depth": 2.5}'],
+    "tagged": [
+        "{}",
+        '{"text": "a"}',
+        '{"text": "a", "level": 1}',
+        '{"tags": [], "level": 1}',
+        '{"tags": [1.5]}',
+    ],
     "secret_tool": ['{"x": 1}'],
     "spaced": ['{"s": " x"}', '{"s": "y"}'],
     "alone": ['{"text": "a"}'],
