@@ -451,7 +451,8 @@ def test_in_place_and_general_plans_are_the_same(batch: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("text", _FIXED_TEXTS)
 @pytest.mark.parametrize(
-    "name", ["echo", "spaced", "picky", "alone", "tree", "secret_tool", "run_tool", "nope"]
+    "name",
+    ["echo", "spaced", "picky", "alone", "tree", "list_dir", "tagged", "secret_tool", "run_tool", "nope"],
 )
 def test_in_place_and_general_agree_on_each_text(text: str, name: str) -> None:
     """Every awkward arguments text, for each kind of tool, twice in a batch."""
