@@ -21,14 +21,16 @@ import difflib
 import enum
 import json
 import logging
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import attrs
+import orjson
 import xxhash
 
 from ._credentials import carries_credentials, redact_json_text
-from ._fastcheck import fast_verdict
+from ._fastcheck import MAX_BRACKETS, fast_verdict
 from ._policy import resources_overlap
 from ._registry import RegisteredTool, Registry
 from ._results import DEFAULT_MAX_OUTPUT_BYTES, describe, failure_result, normalize_output, safe_text, shown
@@ -72,6 +74,8 @@ _NEXT: dict[str, frozenset[str]] = {
     "reopened": frozenset({"approved", "decided"}),
 }
 _ALLOWED = frozenset((a, b) for a, nexts in _NEXT.items() for b in nexts)  # one lookup per step
+# The steps `finish` plans a call from: "resolved" and "reopened" by way of "approved"
+_PLANNED_FROM = frozenset({a for a, _ in _ALLOWED if (a, "planned") in _ALLOWED} | {"resolved", "reopened"})
 
 
 class Step(enum.Enum):
@@ -100,6 +104,11 @@ PATHS: dict[str, tuple[Step, ...]] = {
 if PATHS["resolve"] != (Step.KEY, Step.LOOKUP, Step.VALIDATE, Step.CONFIRM):  # pragma: no cover
     raise AssertionError("Planner.lookups and Planner.resolve take the steps of PATHS['resolve']")
 
+
+_IN_PLACE = True
+"""Pass 1 takes the common call (an OpenAI chat item with JSON text, for a plain tool) in
+place, in fewer frames; each place says what it stands for. False: every call goes the
+general way (the tests compare the two)."""
 
 STOPPED_KEY = "\x00stopped"
 """The key of a `FinishedCall` standing for a writer that a worker started and never
@@ -153,6 +162,25 @@ except (AttributeError, TypeError):  # pragma: no cover - CPython has it
 # A decoder for the arguments: raw_decode skips the whitespace scans of json.loads;
 # anything it does not take whole goes to json.loads, for its answer and its message.
 _DECODER = json.JSONDecoder()
+
+
+class _HoldsFloat(Exception):
+    """The text holds a number with a fraction or an exponent, NaN or an infinity."""
+
+
+def _refuse_float(text: str) -> Any:
+    raise _HoldsFloat(text)
+
+
+# What raw_decode calls, for the common call read in place (no StopIteration turned into
+# its message: a text it does not take goes the general way, which writes that). It reads
+# as _DECODER does and refuses floats: what it reads, orjson writes in the canonical form
+# byte for byte (it writes some floats otherwise, and NaN as null), in a third of the time.
+# Integers past 64 bits, lone surrogates and nesting past 255 it refuses, and json writes.
+_scan_floatless: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder(  # type: ignore[attr-defined]
+    parse_float=_refuse_float, parse_constant=_refuse_float
+).scan_once
+_SORT_KEYS = orjson.OPT_SORT_KEYS
 
 
 def canonical_json(args: Mapping[str, Any]) -> str:
@@ -238,6 +266,8 @@ class Draft:
     sent: Mapping[str, Any] | None = None  # as the model sent them (less `force`): validated
     sent_json: str | None = None  # ... and as history keeps them, immune to the handler
     from_json: bool = False  # `args` came straight from JSON text (only JSON's types in them)
+    plain: bool = False  # keyed in place: a plain tool without defaults (see `lookups`)
+    floatless: bool = False  # read in place from JSON text without a float (`_scan_floatless`)
 
     def advance(self, step: str) -> None:
         if (self.step, step) not in _ALLOWED:
@@ -312,6 +342,10 @@ class Plan:
 
 
 _OK = Status.ok
+_new_draft: Callable[[type[Draft]], Draft] = object.__new__
+_CALL_ID = operator.attrgetter("call_id")
+# PlannedCall(...) is a lambda calling this; called directly, one frame fewer per call
+_planned_call: Callable[[type[PlannedCall], tuple[Any, ...]], PlannedCall] = tuple.__new__
 _plan: Callable[..., Plan] = maker(Plan)  # every field in order: one is made per batch
 
 
@@ -398,6 +432,7 @@ class Planner:
         self._max_out = max_output_bytes
         self._writes_moved = False
         self._looked_up: dict[str, RegisteredTool | None] = {}
+        self._asks = not _IN_PLACE  # whether a call was found to need the gate (`gated`)
 
     # -- palette ---------------------------------------------------------------
 
@@ -422,21 +457,59 @@ class Planner:
     def parse(self, items: Sequence[Any]) -> list[Draft]:
         """Step 1 and 2 for every item. A call id repeated within the batch is that later
         call's `invalid_arguments`: nothing runs for it, and no decision is shared."""
-        drafts = [self._parse_one(i, item) for i, item in enumerate(items)]
-        if len(drafts) > 1:
+        drafts: list[Draft] = []
+        append = drafts.append
+        limit = _RAW_SLACK * self._max_args if _IN_PLACE else -1
+        for index, item in enumerate(items):
+            # The common item, an OpenAI chat call whose arguments are one JSON object and
+            # whose id and name are text, is read here in place, as `_parse_one` reads it:
+            # any other item, or text that `parse_json` would not take whole, goes there.
+            fn = item.get("function") if type(item) is dict else None
+            if (
+                type(fn) is dict
+                and type(raw := fn.get("arguments")) is str
+                and (size := len(raw)) <= limit
+                and type(call_id := item.get("id", "")) is str
+                and type(name := fn.get("name", "")) is str
+            ):
+                try:
+                    args, end = _scan_floatless(raw, 0)
+                except (StopIteration, ValueError, RecursionError, _HoldsFloat):
+                    end = -1
+                if end == size and type(args) is dict:
+                    name = name.strip()
+                    d = _new_draft(Draft)  # Draft(...) without the frame of its __init__
+                    d.index = index
+                    d.call_id = call_id
+                    d.name = _clean_name(name) if "<|" in name else name
+                    d.args = args
+                    d.from_json = True
+                    if d.name == RUN_TOOL:
+                        self._unwrap_run_tool(d, args)
+                    else:
+                        d.floatless = True
+                else:
+                    d = self._parse_one(index, item)
+            else:
+                d = self._parse_one(index, item)
+            append(d)
+        if len(drafts) > 1 and len(set(map(_CALL_ID, drafts))) < len(drafts):
             seen: set[str] = set()
             for d in drafts:
                 if d.call_id in seen:
-                    if d.step == "parsed":
-                        self._fail(
-                            d,
-                            Status.invalid_arguments,
-                            f"duplicate call id {d.call_id!r}: call ids are unique within a batch",
-                            retryable=False,
-                        )
-                    d.duplicate = True
+                    self._duplicate(d)
                 seen.add(d.call_id)
         return drafts
+
+    def _duplicate(self, d: Draft) -> None:
+        if d.step == "parsed":
+            self._fail(
+                d,
+                Status.invalid_arguments,
+                f"duplicate call id {d.call_id!r}: call ids are unique within a batch",
+                retryable=False,
+            )
+        d.duplicate = True
 
     def _parse_one(self, index: int, item: Any) -> Draft:
         fn = item.get("function") if type(item) is dict else None
@@ -533,7 +606,7 @@ class Planner:
     def apply_rewrite(self, d: Draft, tool_name: str, args: dict[str, Any]) -> None:
         d.name = tool_name
         d.args = args
-        d.from_json = False
+        d.from_json = d.floatless = False
 
     # -- 4..7: existence, deferred schemas, dedupe and cache, validation -----------
 
@@ -542,13 +615,62 @@ class Planner:
         key the arguments. Returns the result-cache keys `resolve` may need, each once: the
         session asks the store for all of them in one `get_many`."""
         keyed = self._keyed = []
+        in_place = _IN_PLACE and _canonical_chunks is not None
+        looked_up, loaded, all_loaded = self._looked_up, self._state.loaded, self._all_loaded
+        max_args = self._max_args
         for d in drafts:
             if d.step != "parsed":
                 continue
-            entry = self._resolve_tool(d)
-            if entry is None:
-                continue
+            name = d.name
+            # the tool as `lookup` finds it, unless `_resolve_tool` has more to say (no tool,
+            # or a deferred one whose schema is not loaded)
+            entry = (looked_up.get(name) or self.lookup(name)) if in_place else None
+            if entry is None or (entry.tool.deferred and not all_loaded and name not in loaded):
+                entry = self._resolve_tool(d)
+                if entry is None:
+                    continue
             d.entry = entry
+            args = d.args
+            if entry.plain and in_place and args is not None:
+                # The common call, keyed in place as `_key` keys it: a plain tool (no seams,
+                # so no `force` either). Arguments that are not JSON, or are too long, go
+                # there for its message.
+                filled = None
+                if entry.defaults:
+                    defaults = copy.deepcopy(entry.defaults) if entry.defaults_mutable else entry.defaults
+                    filled = {**defaults, **args}
+                size = -1
+                if d.floatless:
+                    try:
+                        encoded = orjson.dumps(args, option=_SORT_KEYS)
+                        canonical, size = encoded.decode(), len(encoded)
+                    except TypeError:  # past 64 bits, a lone surrogate, nested past 255
+                        pass
+                if size < 0:
+                    try:
+                        canonical = "".join(_canonical_chunks(args, 0))  # type: ignore[misc]
+                        size = len(canonical) if canonical.isascii() else len(canonical.encode())
+                    except (TypeError, ValueError, RecursionError):
+                        pass
+                sent_json = canonical if size >= 0 else None
+                if filled is not None and len(filled) != len(args) and size >= 0:
+                    # a default filled in: the key is of the filled arguments (had every
+                    # default been sent, they would be written as what was sent)
+                    try:
+                        canonical = "".join(_canonical_chunks(filled, 0))  # type: ignore[misc]
+                        size = len(canonical) if canonical.isascii() else len(canonical.encode())
+                    except (TypeError, ValueError, RecursionError):
+                        size = -1
+                if 0 <= size <= max_args:
+                    d.sent = args
+                    if filled is not None:
+                        d.args = filled
+                    d.sent_json = sent_json
+                    d.key = d.arrived_key = xxhash.xxh3_128_hexdigest(f"{name}\x00{canonical}".encode())
+                    d.concurrent = entry.tool.concurrent is True
+                    d.plain = True
+                    keyed.append(d)
+                    continue
             if self._key(d, entry):  # the key, for the store's lookup
                 keyed.append(d)
         if not self._has_cache:
@@ -570,10 +692,54 @@ class Planner:
         the result cache (`cached`: the store's live entries among the keys asked), schema
         validation, and whether the gate must be asked."""
         batch = _Batch(cached)
+        # with no caller's decisions and no cut-short batch to serve, a plain call's
+        # LOOKUP is the batch's leaders and the run's successes, taken in place
+        in_place = _IN_PLACE and not self._decisions and not self._state.finished
+        leaders, pending_writes, dedupe = batch.leaders, batch.pending_writes, self._state.dedupe
         for d in self._keyed:
             d.step = "resolved"  # from "parsed", as every keyed call is
             entry = d.entry
             assert entry is not None
+            if d.plain and in_place:
+                # `_look_up` for a call that writes nothing, has no `force` and no cache key
+                key = d.key
+                assert key is not None
+                leader = leaders.get(key)
+                if leader is not None:
+                    d.leader = leader.index
+                    d.step = "following"
+                    continue
+                found = dedupe.get(key)
+                if found is not None and not (
+                    pending_writes and resources_overlap(found.reads, pending_writes)
+                ):
+                    d.step = "decided"
+                    d.outcome = _served_again(found.result, d.call_id)
+                    continue
+                leaders[key] = d
+                # `_validate` where jsonschema-rs says valid and is sure to agree (`fast_verdict`)
+                fast = entry.fast
+                canonical = d.sent_json
+                if (
+                    fast is not None
+                    and d.from_json
+                    and canonical is not None
+                    and (
+                        len(canonical) <= MAX_BRACKETS
+                        or canonical.count("[") + canonical.count("{") <= MAX_BRACKETS
+                    )
+                ):
+                    try:
+                        valid = fast.is_valid(d.sent)
+                    except (ValueError, UnicodeError, OverflowError):
+                        valid = False
+                    if valid:
+                        if entry.tool.confirm is not False:
+                            self._confirm(d, entry)
+                        continue
+                if self._validate(d, entry):
+                    self._confirm(d, entry)
+                continue
             if self._look_up(d, batch) and self._validate(d, entry):
                 self._confirm(d, entry)
 
@@ -644,6 +810,7 @@ class Planner:
             return True
         try:
             d.confirm = _evaluate(confirm, d.args or {})
+            self._asks = self._asks or d.confirm
         except Exception as exc:
             self._fail(
                 d,
@@ -826,6 +993,8 @@ class Planner:
 
     def gated(self, drafts: Sequence[Draft]) -> list[Draft]:
         """The calls a gate must answer, in call order."""
+        if not self._asks:  # no call of this batch was found to need one
+            return []
         return [d for d in drafts if d.step == "resolved" and d.confirm]
 
     def take_decision(self, d: Draft, decisions: Mapping[str, Any] | None) -> Allow | Deny | None:
@@ -919,34 +1088,53 @@ class Planner:
         if self._writes_moved:
             self._reopen_stale(drafts)
         calls: list[PlannedCall] = []
+        # the runnable calls, while all of them are concurrent and write nothing: then they
+        # are one group, as `group_calls` would find (with no write, nothing clashes)
+        together: list[int] | None = [] if _IN_PLACE else None
         for d in drafts:
-            if d.step in ("resolved", "reopened"):
-                d.step = "planned"  # by way of "approved": both steps are allowed from these
+            if d.step in _PLANNED_FROM:
+                d.step = "planned"
             else:
-                d.advance("planned")
+                d.advance("planned")  # raises
+            index = d.index
             outcome = d.outcome
+            leader = d.leader
+            writes = d.writes
+            concurrent = d.concurrent
             calls.append(
-                PlannedCall(
-                    d.index,
-                    d.call_id,
-                    d.name,
-                    d.args or {},
-                    d.entry,
-                    outcome,
-                    d.leader,
-                    d.key,
-                    d.reads,
-                    d.writes,
-                    d.concurrent,
-                    d.cache_key if d.cacheable else None,
-                    d.spent_approval,
-                    d.sent_json,
+                _planned_call(
+                    PlannedCall,
+                    (
+                        index,
+                        d.call_id,
+                        d.name,
+                        d.args or {},
+                        d.entry,
+                        outcome,
+                        leader,
+                        d.key,
+                        d.reads,
+                        writes,
+                        concurrent,
+                        d.cache_key if d.cacheable else None,
+                        d.spent_approval,
+                        d.sent_json,
+                    ),
                 )
             )
-        rekeyed = {
-            d.index: d.arrived_key for d in drafts if d.arrived_key is not None and d.arrived_key != d.key
-        }
-        return _plan(tuple(calls), group_calls(calls), frozenset(self._carried), rekeyed)
+            if together is not None and outcome is None and leader is None:
+                if concurrent and not writes:
+                    together.append(index)
+                else:
+                    together = None
+        # only an Allow that changed a call's key re-keys it, and that marks writes moved
+        rekeyed = (
+            {d.index: d.arrived_key for d in drafts if d.arrived_key is not None and d.arrived_key != d.key}
+            if self._writes_moved or not _IN_PLACE
+            else {}
+        )
+        groups = group_calls(calls) if together is None else (tuple(together),) if together else ()
+        return _plan(tuple(calls), groups, frozenset(self._carried), rekeyed)
 
 
 def group_calls(calls: Sequence[PlannedCall]) -> tuple[tuple[int, ...], ...]:
