@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ._backend import ordinary_failure
 from ._execute import _maybe_await
 from ._plan import RUN_TOOL, Draft, Planner
 from ._results import shown
@@ -51,7 +52,9 @@ async def rewrite(
             )
             try:
                 ret = await _maybe_await(fn(event, state))
-            except Exception:
+            except BaseException as exc:
+                if not ordinary_failure(exc):
+                    raise
                 log.warning("rewriter %s raised on call %s; skipped", shown(fn), draft.call_id, exc_info=True)
                 continue
             if ret is None:

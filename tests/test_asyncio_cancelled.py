@@ -283,3 +283,16 @@ async def test_a_call_cut_at_its_timeout_times_out_however_it_takes_the_cut(
         assert (r.status, r.content) in {(Status.ok, "zero"), (Status.ok, "two")} or (
             r.call_id == "1" and r.status is Status.timed_out
         ), r
+
+
+async def test_a_rewriter_that_raises_cancelled_error_itself_is_skipped() -> None:
+    """A rewriter's own CancelledError is a rewriter that raised: skipped, the call runs as sent."""
+
+    async def rewriter(event: Any, state: Any) -> None:
+        await _awaits_a_cancelled_future({}, None)
+
+    echo = Tool("echo", "Echo.", _echo, TEXT_SCHEMA, deferred=False)
+    s = Dispatcher(Registry([echo]), rewriters=[rewriter]).session("rewrite", mode="direct")
+    with anyio.fail_after(10):
+        [result] = await s.dispatch([call("1", "echo", text="as sent")])
+    assert (result.status, result.content) == (Status.ok, "as sent")
