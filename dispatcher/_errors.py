@@ -35,6 +35,7 @@ __all__ = [
     "MAX_ERROR_CHARS",
     "MAX_ERRORS_PER_BATCH",
     "MAX_RESOLUTION_CHARS",
+    "NOTED",
     "SECRET_STORE_KEY",
     "FailureNotes",
     "argument_shape",
@@ -57,7 +58,8 @@ MAX_RESOLUTION_CHARS: Final = 1000
 MAX_ERRORS_PER_BATCH: Final = 32
 """Distinct signatures one batch records at most (the rest still get their hints)."""
 
-_NOTED: Final = frozenset({Status.failed, Status.timed_out})
+NOTED: Final = frozenset({Status.failed, Status.timed_out})
+"""The statuses a failure note may finish (`needs_note`)."""
 
 _URL: Final = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]{},;]+")
 _UUID: Final = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
@@ -188,7 +190,7 @@ def _error_of(result: ToolResult) -> dict[str, Any] | None:
 def needs_note(result: ToolResult) -> bool:
     """A `failed` or `timed_out` result in the failure contract's shape whose content does
     not yet end with a `next:` line (a replayed or runner-made one may already)."""
-    if result.status not in _NOTED or _error_of(result) is None:
+    if result.status not in NOTED or _error_of(result) is None:
         return False
     return not result.content.rsplit("\n", 1)[-1].startswith("next: ")
 

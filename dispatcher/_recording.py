@@ -396,7 +396,7 @@ def _plain_record(
         ran = p.leader is None and p.outcome is None
         how = ("unfinished" if r is None else "ran") if ran else _how(p, r)
         plan_rows.append({"name": p.name, "key": p.key, "how": how})
-        if type(r) is ToolResult:
+        if type(r) is ToolResult and type(r.status) is Status:
             recorded_results.append(
                 {  # ToolResult.to_json, field for field
                     "call_id": r.call_id,
@@ -500,7 +500,7 @@ def _plain_record_encoded(
                         "started": r.started,
                         "duration": r.duration,
                     }
-                    if type(r) is ToolResult
+                    if type(r) is ToolResult and type(r.status) is Status
                     # none, or a subclass of ToolResult, which may say more in its to_json
                     else (None if r is None else _result_json(r, set()))
                     for r in results

@@ -11,8 +11,10 @@ and its state is loaded before and saved after (`_snapshot.py` says what is kept
 from __future__ import annotations
 
 import contextvars
+import functools
 import itertools
 import logging
+import operator
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
@@ -23,7 +25,7 @@ import attrs
 
 from ._backend import ordinary_failure
 from ._commit import CommitEffects, commit, forget_overlapping, land
-from ._errors import SECRET_STORE_KEY, FailureNotes, needs_note, signatures_of
+from ._errors import NOTED, SECRET_STORE_KEY, FailureNotes, needs_note, signatures_of
 from ._exceptions import DispatchInterrupted, HookBlocked, SessionBusy
 from ._execute import BeforeWrite, Executor, ToolRunner, _maybe_await
 from ._history import DEFAULT_HISTORY_LIMIT, History
@@ -70,6 +72,9 @@ if TYPE_CHECKING:
 __all__ = ["Session", "SessionStatistics"]
 
 log = logging.getLogger("threepass.session")
+
+_STATUS = operator.attrgetter("status")
+_IS_RESULT = functools.partial(operator.is_not, None)  # a result, not the None of a call that has none
 
 Subscriber = Callable[[ToolResultEvent], Any]
 
@@ -425,7 +430,9 @@ class Session:
             if store is not None and store_since is not None and moved is not None:
                 moved = await moved_elsewhere(store, store_since, moved)
             ran = executor.results
-            failures = await self._failure_notes(plan, ran) if any(map(needs_note, ran.values())) else None
+            # asked of a batch with a failure only: its statuses are read without a call each
+            noted = not NOTED.isdisjoint(map(_STATUS, ran.values())) and any(map(needs_note, ran.values()))
+            failures = await self._failure_notes(plan, ran) if noted else None
             effects = commit(
                 plan,
                 executor.results,
@@ -474,7 +481,7 @@ class Session:
         control = executor.control.first()
         if control is not None:
             raise control
-        results = [r for r in effects.results if r is not None]
+        results: list[ToolResult] = list(filter(_IS_RESULT, effects.results))  # type: ignore[arg-type]
         if len(results) != len(plan.calls):  # pragma: no cover - a broken invariant, never papered over
             raise RuntimeError(f"{len(plan.calls)} calls produced {len(results)} results")
         return results
