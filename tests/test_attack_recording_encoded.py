@@ -553,3 +553,60 @@ async def test_a_batch_cut_short_by_its_own_tool_replays(tmp_path: Path, ending:
     s.close()
     report = await replay(path, _dispatcher())
     assert report.ok, report
+
+
+_PIECES = [
+    "key", "KEY", "\u212aey", "to", "ken", "TO", "KEN", "\ufb00", "\u0131", "\u0130", "\u017f",
+    "\uff54", "pass", "word", "s", "id", "://", "@", "%", "\\", "=", "&", "?", "Bearer ", "x",
+    "\u00e9", "\u01c5", "1", " ", "/", "http", "code", "sig", "auth", "or",
+]  # fmt: skip
+_WORDS = st.lists(st.sampled_from(_PIECES), max_size=5).map("".join)
+_VALUES = st.recursive(
+    _WORDS | st.integers() | st.booleans() | st.none(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_WORDS, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def _echo_all_registry() -> Registry:
+    async def echo_all(args: Mapping[str, Any], ctx: Any) -> str:
+        return json.dumps(args, ensure_ascii=False, sort_keys=True)  # echoes whatever it was given
+
+    return Registry(
+        [Tool("echo_all", "Echo.", echo_all, {"type": "object"}, concurrent=True, deferred=False)]
+    )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    args=st.lists(st.dictionaries(_WORDS, _VALUES, max_size=4), min_size=1, max_size=4),
+    ascii_only=st.booleans(),
+    twice=st.booleans(),
+    size=st.sampled_from([1, 16]),
+)
+def test_generated_arguments_text_is_recorded_as_the_general_builder_records_it(
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[dict[str, Any]],
+    ascii_only: bool,
+    twice: bool,
+    size: int,
+) -> None:
+    """Arguments text made of the pieces credentials are spotted by (and letters that fold
+    to them), each echoed whole by its tool: whichever builder records the batch, and
+    whatever the scan of the calls' text alone decides, the line is the general builder's."""
+    texts = [json.dumps(a, ensure_ascii=ascii_only) for a in args]
+    if twice:  # a key given twice: the first value is what json drops
+        texts = [t[:-1] + (", " if len(t) > 2 else "") + t[1:] if t != "{}" else t for t in texts]
+    batch = [openai_call(f"g{i}", "echo_all", texts[i % len(texts)]) for i in range(size)]
+    batch = [{**c, "id": f"g{i}"} for i, c in enumerate(batch)]
+    path = tmp_path_factory.mktemp("args") / "args.jsonl"
+
+    async def main() -> None:
+        s = Dispatcher(_echo_all_registry()).session("args", record=path)
+        await s.dispatch(batch)
+        s.close()
+
+    with _submitted(monkeypatch) as submitted:
+        anyio.run(main, backend="asyncio")
+    _check_file(path, submitted, monkeypatch, hidden=False)
