@@ -431,3 +431,35 @@ async def test_a_rewriter_that_raises_cancelled_error_itself_is_skipped() -> Non
     with anyio.fail_after(5):
         [result] = await s.dispatch([call("1", "echo", text="a")])
     assert (result.status, result.content) == (Status.ok, "a")
+
+
+@pytest.mark.parametrize("concurrent", [True, False])
+async def test_a_tools_own_cancelled_error_at_the_moment_of_its_timeout_never_loses_the_batch(
+    concurrent: bool,
+) -> None:
+    """The future a call awaits is cancelled by a timer set for the call's deadline, so its
+    own CancelledError and the timeout's cut land in the same few loop steps: the call is
+    failed or timed out, its siblings ok, round after round; nothing escapes dispatch."""
+    loop = asyncio.get_running_loop()
+    timeout = 0.02
+
+    async def racing(args: Mapping[str, Any], ctx: Any) -> str:
+        future = loop.create_future()
+        loop.call_later(timeout + float(args["text"]) * 0.001, future.cancel)
+        return str(await future)
+
+    tools = [
+        Tool("racing", "R.", racing, TEXT_SCHEMA, concurrent=concurrent, deferred=False, timeout=timeout),
+        Tool("echo", "Echo.", _echo, TEXT_SCHEMA, concurrent=concurrent, deferred=False),
+    ]
+    s = Dispatcher(Registry(tools)).session("race", mode="direct")
+    for round in range(30):
+        skew = str(round % 3 - 1)  # the timer a little before, at, or after the deadline
+        batch = [call(f"{round}a", "echo", text="a"), call(f"{round}r", "racing", text=skew)]
+        batch.append(call(f"{round}b", "echo", text="b"))
+        with anyio.fail_after(5):
+            results = await s.dispatch(batch)
+        assert [r.status for r in results][::2] == [Status.ok, Status.ok]
+        assert results[1].status in (Status.failed, Status.timed_out), results[1]
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0

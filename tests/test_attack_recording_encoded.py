@@ -635,3 +635,41 @@ async def test_a_result_whose_status_is_text_is_recorded_as_the_general_builder_
     fast, plain = Recorder._record_of(*parts)
     assert plain
     assert encode_line(fast, finite=plain) == encode_line(_general(parts, monkeypatch))
+
+
+@pytest.mark.parametrize("size", [15, 16, 40])
+async def test_a_large_batch_a_gate_interrupts_then_resumed_is_written_as_built_part_by_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """A gate asks about one call (nothing runs, the batch raises); the batch is sent again
+    with the decisions (Allow with arguments, Deny, Answer), then a third time plain."""
+    from dispatcher import Allow, Answer, Deny, Interrupt
+
+    async def echo(args: Mapping[str, Any], ctx: Any) -> str:
+        return json.dumps(dict(args), ensure_ascii=False)
+
+    def gate(call: Any, ctx: Any) -> Any:
+        return Interrupt("ask", {"why": "✓"}) if call.id == "c1" else Allow()
+
+    registry = Registry(
+        [
+            Tool("echo", "Echo.", echo, TEXT_SCHEMA, concurrent=True, deferred=False),
+            Tool("asked", "Asked.", echo, {"type": "object"}, concurrent=True, deferred=False, confirm=True),
+        ]
+    )
+    path = tmp_path / "gate.jsonl"
+    batch = [_oc(f"c{i}", "asked" if i < 4 else "echo", {"text": f"t{i} ✓"}) for i in range(size)]
+    with _submitted(monkeypatch) as submitted:
+        s = Dispatcher(registry, gate=gate).session("gate", record=path)
+        with pytest.raises(DispatchInterrupted):
+            await s.dispatch(batch)
+        decisions = {
+            "c0": Allow(args={"text": "a", "api_key": SECRET}),
+            "c1": Deny("no ✓"),
+            "c2": Answer(f"answered {SECRET}"),
+        }
+        await s.dispatch(batch, decisions=decisions)
+        s.new_run()
+        await s.dispatch([c for c in batch if c["function"]["name"] == "echo"])
+        s.close()
+    _check_file(path, submitted, monkeypatch)
