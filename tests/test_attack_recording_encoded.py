@@ -1,0 +1,675 @@
+"""Attacks on the recording of a large batch (`_plain_record_encoded`: its three lists
+encoded one by one as orjson fragments) and on the scan of a batch no rewriter touched
+(its calls' text only): every kind of call and result at sizes around the threshold,
+written every way a recorder writes, compared byte for byte with the line the record
+built part by part makes; then generated batches, and arguments made to slip a
+credential past the scan."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import orjson
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from cache import CachePolicy, MemoryResultCache, MemorySessionStore
+from dispatcher import (
+    Dispatcher,
+    DispatchInterrupted,
+    Registry,
+    Status,
+    Tool,
+    ToolCall,
+    ToolResult,
+    _recording,
+    replay,
+)
+from dispatcher._credentials import credential_values, redact_json_text
+from dispatcher._recording import Recorder, encode_line, read_recording
+
+from ._fakes import TEXT_SCHEMA, openai_call
+
+SECRET = "sk-live-0123456789abcdef"  # never in a recording
+DEFAULT_SECRET = "default-secret-value-42"
+
+
+@attrs.frozen
+class _Noted(ToolResult):
+    """A result that says more in its to_json."""
+
+    note: Any = "noted ✓"
+
+    def to_json(self) -> dict[str, Any]:
+        recorded = super().to_json()
+        recorded["note"] = self.note
+        return recorded
+
+
+def _defaults(value: Any, name: str = "mode") -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"text": {"type": "string"}, name: {"type": "string", "default": value}},
+        "required": ["text"],
+    }
+
+
+def _registry() -> Registry:
+    async def echo(args: Mapping[str, Any], ctx: Any) -> str:
+        return str(args["text"])
+
+    def serial(args: Mapping[str, Any], ctx: Any) -> str:
+        return f"serial {args['text']}"
+
+    async def boom(args: Mapping[str, Any], ctx: Any) -> str:
+        raise RuntimeError(f"it broke: ünïcödé {args.get('why', '')}")
+
+    async def big(args: Mapping[str, Any], ctx: Any) -> str:
+        return "é✓" * 300_000  # past max_output_bytes: cut
+
+    async def surrogate(args: Mapping[str, Any], ctx: Any) -> Any:
+        return {"text": "a\ud800b", "n": 2**70}
+
+    async def naps(args: Mapping[str, Any], ctx: Any) -> str:
+        await anyio.sleep(10)
+        return "woke"
+
+    async def kbd(args: Mapping[str, Any], ctx: Any) -> str:
+        raise KeyboardInterrupt
+
+    async def interrupts(args: Mapping[str, Any], ctx: Any) -> str:
+        raise DispatchInterrupted([])
+
+    async def echoes_default(args: Mapping[str, Any], ctx: Any) -> str:
+        return f"{args['text']} {args.get('api_key', '')}"
+
+    async def nested(args: Mapping[str, Any], ctx: Any) -> str:
+        inner = await ctx.invoke("echo", {"text": f"inner {args['text']}"})
+        return f"{inner.status.value}:{inner.content}"
+
+    fast = {"concurrent": True, "deferred": False}
+    return Registry(
+        [
+            Tool("echo", "Echo.", echo, TEXT_SCHEMA, **fast),
+            Tool("serial", "Serial.", serial, TEXT_SCHEMA, deferred=False),
+            Tool("boom", "Fails.", boom, {"type": "object"}, **fast),
+            Tool("big", "Big.", big, {"type": "object"}, **fast),
+            Tool("surrogate", "Odd.", surrogate, {"type": "object"}, **fast),
+            Tool("naps", "Naps.", naps, {"type": "object"}, timeout=0.05, **fast),
+            Tool("kbd", "Ctrl-C.", kbd, {"type": "object"}, **fast),
+            Tool("interrupts", "Asks.", interrupts, {"type": "object"}, **fast),
+            Tool("plain_default", "Echo.", echo, _defaults("fast"), **fast),
+            Tool("marked_default", "Echo.", echo, _defaults("token-less"), **fast),
+            Tool("secret_default", "Echo.", echoes_default, _defaults(DEFAULT_SECRET, "api_key"), **fast),
+            Tool("cached", "Cached.", echo, TEXT_SCHEMA, cache=CachePolicy(), **fast),
+            Tool("nested", "Nested.", nested, TEXT_SCHEMA, **fast),
+            Tool("deferred", "Deferred.", echo, TEXT_SCHEMA, concurrent=True),
+        ]
+    )
+
+
+def _oc(call_id: str, name: str, args: Mapping[str, Any] | str) -> dict[str, Any]:
+    """`openai_call` with non-ASCII text as itself, as most models send it."""
+    return openai_call(call_id, name, args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+
+
+def _kind(kind: str, i: int, rng: random.Random) -> Any:
+    """One call of a kind, its id `c<i>` (or not text)."""
+    cid = f"c{i}"
+    texts = ["same", "café ✓", "\U0001d518\U0001d52b\U0001d526", "", f"t{i}", "ǅ", "<script>"]
+    text = rng.choice(texts)
+    table: dict[str, Any] = {
+        "echo": lambda: _oc(cid, "echo", {"text": text}),
+        "plain": lambda: _oc(cid, "echo", {"text": f"t{i} ✓"}),
+        "escaped": lambda: openai_call(cid, "echo", {"text": text}),
+        "escapes": lambda: _oc(cid, "echo", {"text": rng.choice(['a"b\\c', "tab\there", "/\u0000"])}),
+        "same": lambda: _oc(cid, "echo", {"text": "same"}),  # followers; deduped in the run
+        "serial": lambda: _oc(cid, "serial", {"text": text}),
+        "spaced": lambda: _oc(cid, "echo", f'  {{ "text" : {json.dumps(text)} }}  '),
+        "invalid": lambda: _oc(cid, "echo", {"wrong": i}),
+        "unknown": lambda: _oc(cid, "nowhere", {"text": "a"}),
+        "not_json": lambda: _oc(cid, "echo", "not json"),
+        "deferred": lambda: _oc(cid, "deferred", {"text": "a"}),
+        "boom": lambda: _oc(cid, "boom", {}),
+        "boom_surrogate": lambda: _oc(cid, "boom", '{"why": "\ud800"}'),
+        "big": lambda: _oc(cid, "big", {}),
+        "surrogate_result": lambda: _oc(cid, "surrogate", {}),
+        "surrogate_args": lambda: _oc(cid, "echo", '{"text": "x\ud800y"}'),
+        "escaped_surrogate": lambda: _oc(cid, "echo", '{"text": "x\\ud800y"}'),
+        "huge_args": lambda: _oc(cid, "echo", {"text": "z" * 70_000}),
+        "naps": lambda: _oc(cid, "naps", {}),
+        "int_id": lambda: {"id": 1000 + i, "function": {"name": "echo", "arguments": '{"text": "b"}'}},
+        "none_id": lambda: {"id": None, "function": {"name": "echo", "arguments": '{"text": "n"}'}},
+        "no_id": lambda: {"function": {"name": "echo", "arguments": f'{{"text": "{i}"}}'}},
+        "dup_id": lambda: _oc("c0", "echo", {"text": f"dup{i}"}),
+        "tool_call": lambda: ToolCall(cid, "echo", {"text": text}),
+        "run_tool": lambda: _oc(cid, "run_tool", {"name": "echo", "args": {"text": text}}),
+        "force": lambda: _oc(cid, "cached", {"text": "cached", "force": True}),
+        "cached": lambda: _oc(cid, "cached", {"text": "cached"}),
+        "plain_default": lambda: _oc(cid, "plain_default", {"text": text}),
+        "marked_default": lambda: _oc(cid, "marked_default", {"text": text}),
+        "secret_default": lambda: _oc(cid, "secret_default", {"text": text}),
+        "secret_arg": lambda: _oc(cid, "echo", {"text": "a", "api_key": SECRET}),
+        "nested": lambda: _oc(cid, "nested", {"text": text}),
+        "numbers": lambda: _oc(
+            cid, "echo", '{"text": "n", "x": 1e400, "y": -0.0, "z": 12345678901234567890123}'
+        ),
+    }
+    return table[kind]()
+
+
+_KINDS = [
+    "echo",
+    "same",
+    "serial",
+    "spaced",
+    "invalid",
+    "unknown",
+    "not_json",
+    "deferred",
+    "boom",
+    "big",
+    "boom_surrogate",
+    "escaped",
+    "escapes",
+    "plain",
+    "surrogate_result",
+    "surrogate_args",
+    "escaped_surrogate",
+    "huge_args",
+    "naps",
+    "int_id",
+    "none_id",
+    "no_id",
+    "dup_id",
+    "tool_call",
+    "run_tool",
+    "force",
+    "cached",
+    "plain_default",
+    "marked_default",
+    "secret_default",
+    "secret_arg",
+    "nested",
+    "numbers",
+]
+_ENDINGS = ["", "kbd", "interrupts"]  # a batch cut short: by a tool's Ctrl-C, or a tool asking
+
+
+@contextmanager
+def _submitted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, ...]]]:
+    """Every batch handed to a recorder meanwhile, as the parts `Recorder._record_of` takes."""
+    seen: list[tuple[Any, ...]] = []
+    submit = Recorder.submit
+
+    def watched(self: Recorder, *parts: Any) -> Any:
+        seen.append(parts)
+        return submit(self, *parts)
+
+    with monkeypatch.context() as m:
+        m.setattr(Recorder, "submit", watched)
+        yield seen
+
+
+def _general(parts: tuple[Any, ...], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    with monkeypatch.context() as m:
+        m.setattr(_recording, "_plain_record", lambda *args: None)
+        record, plain = Recorder._record_of(*parts)
+    assert not plain
+    return record
+
+
+def _check_file(
+    path: Path, submitted: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch, *, hidden: bool = True
+) -> list[bool]:
+    """Each batch line in `path` is the bytes the record built part by part makes (its
+    `seq` and `prev` as written), the fast record encodes to the same, and the chain
+    holds. Per batch: whether the encoded (fragment) builder took it."""
+    lines = path.read_bytes().splitlines()[1:]
+    assert len(lines) == len(submitted)
+    encoded = []
+    for line, parts in zip(lines, submitted, strict=True):
+        written = json.loads(line)
+        expected = _general(parts, monkeypatch)
+        expected["seq"], expected["prev"] = written["seq"], written["prev"]
+        assert line == encode_line(expected)
+        fast, plain = Recorder._record_of(*parts)
+        fast["seq"], fast["prev"] = written["seq"], written["prev"]
+        assert encode_line(fast, finite=plain) == line
+        encoded.append(isinstance(fast["calls"], orjson.Fragment))
+    _, batches, truncated, problem = read_recording(path)
+    assert problem is None and not truncated and len(batches) == len(lines)
+    text = path.read_text(encoding="utf-8", errors="replace")
+    assert DEFAULT_SECRET not in text
+    assert SECRET not in text or not hidden
+    return encoded
+
+
+def _dispatcher(**options: Any) -> Dispatcher:
+    return Dispatcher(_registry(), cache=MemoryResultCache(), max_output_bytes=4096, **options)
+
+
+async def _dispatch_all(s: Any, batches: list[list[Any]]) -> None:
+    for batch in batches:
+        try:
+            with anyio.fail_after(20):
+                await s.dispatch(batch)
+        except (KeyboardInterrupt, DispatchInterrupted):
+            pass
+
+
+def _batch(kinds: list[str], size: int, rng: random.Random, ending: str = "") -> list[Any]:
+    batch = [_kind(kinds[i % len(kinds)], i, rng) for i in range(size)]
+    if ending:
+        batch[size // 2] = openai_call(f"c{size // 2}", ending, {})
+    return batch
+
+
+_OPTIONS: dict[str, dict[str, Any]] = {
+    "wait": {},
+    "no_wait": {"record_wait": False},
+    "fsync": {"record_fsync": True},
+}
+
+
+@pytest.mark.parametrize("size", [15, 16, 17, 100])
+@pytest.mark.parametrize("how", sorted(_OPTIONS))
+async def test_every_kind_of_call_alone_in_a_large_batch_is_written_as_built_part_by_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int, how: str
+) -> None:
+    """A batch of each kind of call (then of each kind mixed with plain calls, and each
+    cut short), every recorder option: each line the bytes the general builder makes."""
+    rng = random.Random(size)
+    path = tmp_path / "kinds.jsonl"
+    batches = [_batch([kind], size, rng) for kind in _KINDS]
+    batches += [_batch(["plain", kind, "same"], size, rng) for kind in _KINDS]
+    with _submitted(monkeypatch) as submitted:
+        s = _dispatcher().session("kinds", record=path, **_OPTIONS[how])
+        for n, batch in enumerate(batches):
+            if n % 3 == 0:
+                s.new_run()
+            await _dispatch_all(s, [batch])
+        s.close()
+    encoded = _check_file(path, submitted, monkeypatch)
+    if size >= 16:
+        assert any(encoded)  # the fast path was taken at all
+    else:
+        assert not any(encoded)
+    report = await replay(path, _dispatcher())
+    assert report.ok, report
+    # cut short (replayed apart: see the xfail below)
+    cut = tmp_path / "cut.jsonl"
+    with _submitted(monkeypatch) as submitted:
+        s = _dispatcher().session("cut", record=cut, **_OPTIONS[how])
+        for ending in _ENDINGS[1:]:
+            await _dispatch_all(s, [_batch(["plain", "same", "boom"], size, rng, ending)])
+        s.close()
+    assert _check_file(cut, submitted, monkeypatch) == [size >= 16] * 2
+
+
+async def test_a_large_batch_with_a_session_store_is_written_as_built_part_by_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = random.Random(3)
+    path = tmp_path / "store.jsonl"
+    with _submitted(monkeypatch) as submitted:
+        d = Dispatcher(_registry(), session_store=MemorySessionStore(), max_output_bytes=4096)
+        s = d.session("stored", record=path, record_wait=False)
+        kinds = [k for k in _KINDS if "surrogate" not in k]  # see the xfail below
+        await _dispatch_all(s, [_batch(["plain", "same", kind], 20, rng) for kind in kinds])
+        s.close()
+    assert any(_check_file(path, submitted, monkeypatch))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="(at ec630ce too) a session with a session store raises TypeError out of dispatch "
+    "when a call's arguments hold a lone surrogate: _snapshot._encoded_row encodes the "
+    "history row with orjson, which refuses it",
+)
+@pytest.mark.parametrize("raw", ['{"why": "\ud800"}', '{"why": "\\ud800"}'])
+async def test_a_stored_session_takes_arguments_with_a_lone_surrogate(raw: str) -> None:
+    d = Dispatcher(_registry(), session_store=MemorySessionStore())
+    s = d.session("stored")
+    [result] = await s.dispatch([openai_call("1", "boom", raw)])
+    assert result.status is Status.invalid_arguments
+
+
+async def test_a_large_batch_of_subclassed_results_from_a_runner_is_written_as_built_part_by_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner's results: ToolResult subclasses that say more, plain ones, odd fields."""
+
+    async def runner(call: ToolCall, ctx: Any) -> Any:
+        n = int(call.id[1:])
+        status = [Status.ok, Status.failed, Status.timed_out][n % 3]
+        if n % 5 == 0:
+            return _Noted(call.id, call.name, status, f"noted {n} ✓", note={"n": n, "ü": [1.5, None]})
+        if n % 5 == 1:
+            return ToolResult(call.id, call.name, status, f"plain {n}", started=1.0 + n, duration=0.25)
+        if n % 5 == 2:
+            return _Noted(call.id, call.name, status, "odd note", note=float("nan"))
+        if n % 5 == 3:
+            return _Noted(call.id, call.name, status, "big note", note=2**70 if odd else 2**40)
+        return f"text {n}"
+
+    odd = False  # a note past 64 bits, which orjson refuses
+    rng = random.Random(4)
+    path = tmp_path / "runner.jsonl"
+    with _submitted(monkeypatch) as submitted:
+        s = Dispatcher(_registry(), runner=runner).session("runner", record=path)
+        for size in (15, 16, 17, 100):
+            odd = size == 17
+            s.new_run()
+            await _dispatch_all(s, [_batch(["plain"], size, rng)])
+        s.close()
+    assert _check_file(path, submitted, monkeypatch) == [False, True, False, True]
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_large_batch_on_trio_is_written_as_built_part_by_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = random.Random(5)
+    path = tmp_path / "trio.jsonl"
+    with _submitted(monkeypatch) as submitted:
+        s = _dispatcher().session("trio", record=path)
+        await _dispatch_all(s, [_batch(["plain", "same", kind], 40, rng) for kind in _KINDS])
+        s.close()
+    assert any(_check_file(path, submitted, monkeypatch))
+
+
+_SAFE_KINDS = [k for k in _KINDS if k not in ("naps", "big", "huge_args")]
+# kinds that leave a batch to the one-pass builder
+_FAST_KINDS = ["plain", "same", "serial", "invalid", "boom", "run_tool", "force", "cached"]
+_FAST_KINDS += ["plain_default", "int_id", "nested", "numbers"]
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    kinds=st.lists(
+        st.lists(st.sampled_from(_FAST_KINDS), min_size=14, max_size=40)
+        | st.lists(st.sampled_from(_FAST_KINDS) | st.sampled_from(_SAFE_KINDS), min_size=1, max_size=40),
+        min_size=1,
+        max_size=3,
+    ),
+    seed=st.integers(0, 2**16),
+    how=st.sampled_from(sorted(_OPTIONS)),
+    ending=st.sampled_from(_ENDINGS),
+)
+def test_generated_batches_are_written_as_built_part_by_part(
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    kinds: list[list[str]],
+    seed: int,
+    how: str,
+    ending: str,
+) -> None:
+    rng = random.Random(seed)
+    path = tmp_path_factory.mktemp("gen") / "gen.jsonl"
+    batches = [[_kind(k, i, rng) for i, k in enumerate(ks)] for ks in kinds]
+    if ending:
+        batches[-1].append(openai_call("end", ending, {}))
+
+    async def main() -> None:
+        s = _dispatcher().session("gen", record=path, **_OPTIONS[how])
+        await _dispatch_all(s, batches)
+        s.close()
+
+    with _submitted(monkeypatch) as submitted:
+        anyio.run(main, backend="asyncio")
+    if any(_check_file(path, submitted, monkeypatch)):
+        event("the encoded builder took a batch")
+
+
+# --- the scan of a batch no rewriter touched ------------------------------------------------
+
+_SLIPS = [
+    '{"text": "a", "\\u0074oken": "%s"}',  # an escaped name
+    '{"text": "a", "t\\u006fken": "%s"}',
+    '{"text": "a", "TOKEN": "%s"}',
+    '{"text": "a", "ᴛoken": "%s"}',  # small capital T: not a credential's word
+    '{"text": "a", "\uff54\uff4f\uff4b\uff45\uff4e": "%s"}',  # full width
+    '{"text": "a", "PASSWORD": "%s"}',
+    '{"text": "a", "passwoRD": "%s"}',
+    '{"text": "a", "pass\\u0077ord": "%s"}',
+    '{"text": "a", "coo\u212aie": "%s"}',  # the Kelvin sign: lower() makes it "cookie"
+    '{"text": "a", "COOKİE": "%s"}',  # dotted capital I
+    '{"text": "a", "ﬀtoken": "%s"}',  # a ligature before the word
+    '{"text": "a", "api_key": "%s", "api_key": "x"}',  # given twice: json keeps the last
+    '{"text": "a", "api_key": "x", "api_key": "%s"}',
+    '{"text": "a", "nested": {"secret": "%s"}}',
+    '{"text": "https://user:%s@example.com/"}',
+    '{"text": "https:\\/\\/user:%s@example.com\\/"}',
+    '{"text": "see ?access_token=%s&x=1"}',
+    '{"text": "a", "pin": 1, "password": "%s"}',
+    '{"text": "a", "headers": [["Authorization", "Bearer %s"]]}',
+    '{"text": "{\\"token\\": \\"%s\\"}"}',  # JSON inside text
+    '{"text": "a=1&password=%s"}',  # a form
+    '{"text": "a", "\\u0073ecret": "%s"}',
+]
+
+
+def _slip_batches(template: str, size: int) -> list[list[Any]]:
+    raw = template % SECRET
+    plain = [openai_call(f"p{i}", "echo", {"text": f"t{i}"}) for i in range(size - 1)]
+    via_run_tool = json.dumps({"name": "echo", "args": json.loads(raw)})
+    echo_back = json.loads(raw)
+    echo_back["text"] = json.dumps(echo_back, ensure_ascii=False)  # the result echoes the secret
+    return [
+        [*plain, openai_call("s", "echo", raw)],
+        [*plain, openai_call("r", "run_tool", via_run_tool)],
+        [*plain, openai_call("f", "cached", {**json.loads(raw), "force": True})],
+        [*plain, openai_call("e", "echo", json.dumps(echo_back, ensure_ascii=False))],
+        [*plain, openai_call("a", "echo", json.dumps(echo_back))],
+    ]
+
+
+@pytest.mark.parametrize("size", [1, 15, 16, 40])
+@pytest.mark.parametrize("template", _SLIPS)
+async def test_no_credential_slips_past_the_scan_of_an_untouched_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, template: str, size: int
+) -> None:
+    """Whatever the arguments text hides a credential in, the file holds no secret that
+    the arguments hold once parsed, and each line is the general builder's."""
+    path = tmp_path / "slip.jsonl"
+    with _submitted(monkeypatch) as submitted:
+        s = _dispatcher().session("slip", record=path)
+        for batch in _slip_batches(template, size):
+            s.new_run()
+            await _dispatch_all(s, [batch])
+        s.close()
+    _check_file(path, submitted, monkeypatch, hidden=False)
+    raw = template % SECRET
+    # the rule's verdict on the arguments as parsed, or on their text (a key given twice)
+    hidden = SECRET in credential_values(json.loads(raw)) or SECRET in redact_json_text(raw)[1]
+    if hidden or "api_key" in raw:  # a key given twice: its first value goes too
+        assert SECRET not in path.read_text(encoding="utf-8", errors="replace"), raw
+
+
+@pytest.mark.parametrize("size", [1, 16])
+async def test_a_rewriter_that_adds_a_credential_is_scanned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """With a rewriter, pass 1's arguments are scanned too: one that adds a credential
+    the calls' text never held keeps it out of the file (results echo it)."""
+
+    def add_key(event: Any, state: Any) -> Any:
+        args = {**event.args, "api_key": SECRET, "text": f"{event.args['text']} {SECRET}"}
+        return {"tool_name": event.tool_name, "args": args}
+
+    path = tmp_path / "rewritten.jsonl"
+    with _submitted(monkeypatch) as submitted:
+        s = Dispatcher(_registry(), rewriters=[add_key]).session("rw", record=path)
+        await s.dispatch([openai_call(f"w{i}", "echo", {"text": f"t{i}"}) for i in range(size)])
+        s.close()
+    _check_file(path, submitted, monkeypatch)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_plain_record_encoded falls back to the general builder only for what orjson "
+    "refuses in its own three lists: a record whose other fields orjson refuses (a run "
+    "number past 64 bits, as a session restored from a snapshot may carry) goes to "
+    "json.dumps(default=str), which writes each fragment as its repr",
+)
+async def test_a_large_batch_whose_run_number_orjson_refuses_is_encoded_as_built_part_by_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _submitted(monkeypatch) as submitted:
+        s = _dispatcher().session("run", record=tmp_path / "run.jsonl")
+        await s.dispatch([_oc(f"c{i}", "echo", {"text": f"t{i}"}) for i in range(20)])
+        s.close()
+    [parts] = submitted
+    parts = (2**64, *parts[1:])  # the run number
+    fast, plain = Recorder._record_of(*parts)
+    assert isinstance(fast["calls"], orjson.Fragment)
+    expected = _general(parts, monkeypatch)
+    assert encode_line(fast, finite=plain) == encode_line(expected)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="(at ec630ce too, whichever builder) replay of a batch cut short by a tool's own "
+    "DispatchInterrupted or KeyboardInterrupt: the call recorded 'unfinished' replays as 'ran'",
+)
+@pytest.mark.parametrize("ending", _ENDINGS[1:])
+async def test_a_batch_cut_short_by_its_own_tool_replays(tmp_path: Path, ending: str) -> None:
+    path = tmp_path / "cut.jsonl"
+    s = _dispatcher().session("cut", record=path)
+    await _dispatch_all(s, [_batch(["echo"], 3, random.Random(1), ending)])
+    s.close()
+    report = await replay(path, _dispatcher())
+    assert report.ok, report
+
+
+_PIECES = [
+    "key", "KEY", "\u212aey", "to", "ken", "TO", "KEN", "\ufb00", "\u0131", "\u0130", "\u017f",
+    "\uff54", "pass", "word", "s", "id", "://", "@", "%", "\\", "=", "&", "?", "Bearer ", "x",
+    "\u00e9", "\u01c5", "1", " ", "/", "http", "code", "sig", "auth", "or",
+]  # fmt: skip
+_WORDS = st.lists(st.sampled_from(_PIECES), max_size=5).map("".join)
+_VALUES = st.recursive(
+    _WORDS | st.integers() | st.booleans() | st.none(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_WORDS, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def _echo_all_registry() -> Registry:
+    async def echo_all(args: Mapping[str, Any], ctx: Any) -> str:
+        return json.dumps(args, ensure_ascii=False, sort_keys=True)  # echoes whatever it was given
+
+    return Registry(
+        [Tool("echo_all", "Echo.", echo_all, {"type": "object"}, concurrent=True, deferred=False)]
+    )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    args=st.lists(st.dictionaries(_WORDS, _VALUES, max_size=4), min_size=1, max_size=4),
+    ascii_only=st.booleans(),
+    twice=st.booleans(),
+    size=st.sampled_from([1, 16]),
+)
+def test_generated_arguments_text_is_recorded_as_the_general_builder_records_it(
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[dict[str, Any]],
+    ascii_only: bool,
+    twice: bool,
+    size: int,
+) -> None:
+    """Arguments text made of the pieces credentials are spotted by (and letters that fold
+    to them), each echoed whole by its tool: whichever builder records the batch, and
+    whatever the scan of the calls' text alone decides, the line is the general builder's."""
+    texts = [json.dumps(a, ensure_ascii=ascii_only) for a in args]
+    if twice:  # a key given twice: the first value is what json drops
+        texts = [t[:-1] + (", " if len(t) > 2 else "") + t[1:] if t != "{}" else t for t in texts]
+    batch = [openai_call(f"g{i}", "echo_all", texts[i % len(texts)]) for i in range(size)]
+    batch = [{**c, "id": f"g{i}"} for i, c in enumerate(batch)]
+    path = tmp_path_factory.mktemp("args") / "args.jsonl"
+
+    async def main() -> None:
+        s = Dispatcher(_echo_all_registry()).session("args", record=path)
+        await s.dispatch(batch)
+        s.close()
+
+    with _submitted(monkeypatch) as submitted:
+        anyio.run(main, backend="asyncio")
+    _check_file(path, submitted, monkeypatch, hidden=False)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AttributeError,
+    reason="(the small builder at ec630ce too) a runner's ToolResult whose status is the text "
+    "'ok', not Status.ok: the one-pass builders look it up in _STATUS_TEXT, which takes the "
+    "text as the member, and write a line; the general builder's to_json raises "
+    "AttributeError ('str' has no .value), which stops the recording",
+)
+@pytest.mark.parametrize("size", [1, 16])
+async def test_a_result_whose_status_is_text_is_recorded_as_the_general_builder_records_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    async def runner(call: ToolCall, ctx: Any) -> Any:
+        return ToolResult(call.id, call.name, "ok", "from the runner")  # type: ignore[arg-type]
+
+    with _submitted(monkeypatch) as submitted:
+        s = Dispatcher(_registry(), runner=runner).session("text", record=tmp_path / "text.jsonl")
+        await s.dispatch([_oc(f"c{i}", "echo", {"text": f"t{i}"}) for i in range(size)])
+        s.close()
+    [parts] = submitted
+    fast, plain = Recorder._record_of(*parts)
+    assert plain
+    assert encode_line(fast, finite=plain) == encode_line(_general(parts, monkeypatch))
+
+
+@pytest.mark.parametrize("size", [15, 16, 40])
+async def test_a_large_batch_a_gate_interrupts_then_resumed_is_written_as_built_part_by_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """A gate asks about one call (nothing runs, the batch raises); the batch is sent again
+    with the decisions (Allow with arguments, Deny, Answer), then a third time plain."""
+    from dispatcher import Allow, Answer, Deny, Interrupt
+
+    async def echo(args: Mapping[str, Any], ctx: Any) -> str:
+        return json.dumps(dict(args), ensure_ascii=False)
+
+    def gate(call: Any, ctx: Any) -> Any:
+        return Interrupt("ask", {"why": "✓"}) if call.id == "c1" else Allow()
+
+    registry = Registry(
+        [
+            Tool("echo", "Echo.", echo, TEXT_SCHEMA, concurrent=True, deferred=False),
+            Tool("asked", "Asked.", echo, {"type": "object"}, concurrent=True, deferred=False, confirm=True),
+        ]
+    )
+    path = tmp_path / "gate.jsonl"
+    batch = [_oc(f"c{i}", "asked" if i < 4 else "echo", {"text": f"t{i} ✓"}) for i in range(size)]
+    with _submitted(monkeypatch) as submitted:
+        s = Dispatcher(registry, gate=gate).session("gate", record=path)
+        with pytest.raises(DispatchInterrupted):
+            await s.dispatch(batch)
+        decisions = {
+            "c0": Allow(args={"text": "a", "api_key": SECRET}),
+            "c1": Deny("no ✓"),
+            "c2": Answer(f"answered {SECRET}"),
+        }
+        await s.dispatch(batch, decisions=decisions)
+        s.new_run()
+        await s.dispatch([c for c in batch if c["function"]["name"] == "echo"])
+        s.close()
+    _check_file(path, submitted, monkeypatch)
