@@ -164,11 +164,6 @@ async def test_a_tool_that_raises_anew_while_handling_its_cut_times_out(concurre
     _check(names, await _run(d, names), "fresh_in_except", Status.timed_out)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="among siblings the watchdog's cut is uncancel()ed by the tool, so `_raised` sees "
-    "cancelling() == 0 and reports a failure where ec630ce reported the timeout",
-)
 @pytest.mark.parametrize("shape", [1, 2])
 async def test_a_tool_that_uncancels_its_cut_among_siblings_still_times_out(shape: int) -> None:
     """The watchdog cut it (slot.cut): whatever it does with the cancellation, it timed out."""
@@ -185,12 +180,6 @@ async def test_a_tool_that_uncancels_its_cut_in_its_own_scope_times_out(concurre
     _check(names, await _run(d, names), "uncancels", Status.timed_out)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tool that swallows its cut and then raises a fresh CancelledError: among "
-    "siblings it escapes the worker ('N calls produced M results'); alone or in turn the "
-    "scope uncancels first and the call is 'failed', not 'timed_out'",
-)
 @pytest.mark.parametrize("concurrent", [True, False])
 @pytest.mark.parametrize("shape", [0, 1, 2])
 async def test_a_tool_that_swallows_its_cut_then_raises_anew_times_out(concurrent: bool, shape: int) -> None:
@@ -200,26 +189,10 @@ async def test_a_tool_that_swallows_its_cut_then_raises_anew_times_out(concurren
     _check(names, await _run(d, names), "fresh_after", Status.timed_out)
 
 
-@pytest.mark.parametrize(("concurrent", "shape"), [(True, 0), (False, 0), (False, 1), (False, 2)])
-async def test_a_tool_that_swallows_its_cut_then_raises_anew_never_loses_a_result(
-    concurrent: bool, shape: int
-) -> None:
-    """At the least, where its own cancel scope held it (alone, or in turn): the batch
-    returns, the call a failure or its timeout, its siblings theirs. (Among siblings run
-    together it escapes its worker: the xfail above.)"""
-    names = _shapes("fresh_after")[shape]
-    d = _dispatcher(concurrent=concurrent, fresh_after=0.1)
-    results = await _run(d, names)
-    culprit = results[names.index("fresh_after")]
-    assert culprit.status in (Status.failed, Status.timed_out), culprit
-    assert [(r.status, r.content) for r, n in zip(results, names, strict=True) if n == "echo"] == [
-        (Status.ok, str(i)) for i, n in enumerate(names) if n == "echo"
-    ]
-
-
 @pytest.mark.parametrize("concurrent", [True, False])
 @pytest.mark.parametrize("shape", [0, 1, 2])
 async def test_a_tools_own_asyncio_timeout_is_its_failure(concurrent: bool, shape: int) -> None:
+    """A tool's own asyncio.timeout, far shorter than its call's, is its failure (TimeoutError)."""
     names = _shapes("own_timeout")[shape]
     results = await _run(_dispatcher(concurrent=concurrent), names)
     _check(names, results, "own_timeout", Status.failed)
@@ -228,6 +201,7 @@ async def test_a_tools_own_asyncio_timeout_is_its_failure(concurrent: bool, shap
 
 @pytest.mark.parametrize("concurrent", [True, False])
 async def test_a_thread_that_raises_cancelled_error_past_its_timeout_timed_out(concurrent: bool) -> None:
+    """A sync tool whose thread raises CancelledError after its timeout was reported is that timeout."""
     names = ["thread_naps", "echo"]
     d = _dispatcher(concurrent=concurrent, thread_naps=0.05)
     _check(names, await _run(d, names), "thread_naps", Status.timed_out)
@@ -291,6 +265,7 @@ async def test_a_cancel_while_a_siblings_own_cancelled_error_is_handled_propagat
 
 @pytest.mark.parametrize("concurrent", [True, False])
 async def test_an_enclosing_task_group_cancelled_cancels_the_batch(concurrent: bool) -> None:
+    """A task group around dispatch, cancelled, cancels the batch: no results, cancellation raised."""
     d = _dispatcher(concurrent=concurrent)
     s = d.session("group", mode="direct")
     returned: list[Any] = []
@@ -424,12 +399,6 @@ async def _rewriter_awaits_a_cancelled_future(event: Any, state: Any) -> None:
     await _future({}, None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=asyncio.CancelledError,
-    reason="(at ec630ce too) a gate's own CancelledError escapes dispatch: `Session._gate` "
-    "catches Exception only, where a tool's or a hook's is now its failure",
-)
 async def test_a_gate_that_raises_cancelled_error_itself_denies_the_call() -> None:
     """As a gate that raises any other exception: the call is denied, the batch returns."""
     tools = [Tool("echo", "Echo.", _echo, TEXT_SCHEMA, concurrent=True, deferred=False, confirm=True)]
@@ -439,12 +408,6 @@ async def test_a_gate_that_raises_cancelled_error_itself_denies_the_call() -> No
     assert result.status is Status.denied and "CancelledError" in result.content
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=asyncio.CancelledError,
-    reason="(at ec630ce too) a rewriter's own CancelledError escapes dispatch: `rewrite` "
-    "catches Exception only, where a tool's or a hook's is now its failure",
-)
 async def test_a_rewriter_that_raises_cancelled_error_itself_is_skipped() -> None:
     """As a rewriter that raises any other exception: skipped, the call runs as sent."""
     tools = [Tool("echo", "Echo.", _echo, TEXT_SCHEMA, concurrent=True, deferred=False)]
