@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,11 +39,14 @@ class _Writes:
 
     def __init__(self) -> None:
         self.by: list[tuple[int, bytes]] = []  # (thread ident, the first bytes of a line written)
+        self.stall = (0.0, math.inf)  # (seconds, bytes): a longer write takes that long (a stalling disk)
 
     def __call__(self, fd: int, data: Any) -> int:
         head = bytes(data[:16])
         if head.startswith(b'{"type"'):
             self.by.append((threading.get_ident(), head))
+        if len(data) > self.stall[1]:
+            time.sleep(self.stall[0])
         return _REAL_WRITE(fd, data)
 
     def threads(self) -> list[str]:
@@ -207,9 +212,10 @@ async def test_a_write_on_the_loop_slower_than_write_stall_sends_lines_to_the_th
     tmp_path: Path, writes: _Writes, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A line whose build and write on the loop takes longer than WRITE_STALL (here a large
-    batch against a small limit, for real) sends the next batches to the writer thread,
-    and says so once; a quick line does not."""
+    batch whose write stalls) sends the next batches to the writer thread, and says so
+    once; a quick line does not."""
     monkeypatch.setattr(_recording, "WRITE_STALL", 0.05)
+    writes.stall = (0.1, 1_000_000)
     caplog.set_level(logging.INFO, logger="threepass.recording")
     path = tmp_path / "s.jsonl"
     s = _session(path, "stall")
