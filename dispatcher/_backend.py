@@ -44,7 +44,6 @@ import anyio.lowlevel
 import attrs
 import sniffio
 import trio
-from trio._core._run import GLOBAL_RUN_CONTEXT as _TRIO_RUN
 
 __all__ = [
     "BlockWatch",
@@ -63,6 +62,20 @@ __all__ = [
 ]
 
 _log = logging.getLogger("threepass.execute")
+
+
+def _trio_run_context() -> Any:
+    """trio's run context, read directly where a public call costs frames (each use checks
+    what it reads); a trio that keeps it elsewhere gets one that holds no runner and no
+    task, so the public ways are always taken."""
+    try:
+        from trio._core._run import GLOBAL_RUN_CONTEXT
+    except ImportError:  # pragma: no cover - not this trio
+        return threading.local()
+    return GLOBAL_RUN_CONTEXT
+
+
+_TRIO_RUN = _trio_run_context()
 
 LoopIdentity = tuple[str, object, int]
 """(the async library's name, its running loop or token, the thread it runs on)."""
