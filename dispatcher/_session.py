@@ -78,10 +78,11 @@ _IS_RESULT = functools.partial(operator.is_not, None)  # a result, not the None 
 
 Subscriber = Callable[[ToolResultEvent], Any]
 
-_INSIDE: contextvars.ContextVar[frozenset[Session]] = contextvars.ContextVar(
-    "threepass_inside_sessions", default=frozenset()
+_INSIDE: contextvars.ContextVar[tuple[Session, ...]] = contextvars.ContextVar(
+    "threepass_inside_sessions", default=()
 )
-"""The sessions whose batch the current task is part of (a handler runs inside its batch)."""
+"""The sessions whose batch the current task is part of (a handler runs inside its batch),
+outermost first: a tuple, as few as nested dispatches go deep, made with one allocation."""
 
 
 def _public_runner(runner: PublicRunner) -> ToolRunner:
@@ -335,7 +336,7 @@ class Session:
         turns = self._turns
         if not turns.free():  # no scheduler round trip when the session is free
             await turns.wait(bound.primitives.event)
-        token = _INSIDE.set(inside | {self})
+        token = _INSIDE.set((*inside, self))
         self.busy = True
         try:
             if self._store is None:
