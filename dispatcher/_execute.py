@@ -239,8 +239,11 @@ class Executor:
         self._now = primitives.clock
         self._p = primitives
         self._waiting = primitives.waiting
-        self._take, self._give = _backend.slot_ops(limiter, primitives.would_block)
         self._watch = watch if watch is not None else Watch(None, DEFAULT_BLOCK_THRESHOLD)
+        ops = self._watch.slot_ops  # made once a limiter: replay makes an executor a batch
+        if ops is None or ops[0] is not limiter:
+            ops = self._watch.slot_ops = (limiter, *_backend.slot_ops(limiter, primitives.would_block))
+        self._take, self._give = ops[1], ops[2]
         self._holding = self._watch.holding
         self._blocking = self._watch.blocking
         self._begin(deadline, context)

@@ -74,7 +74,18 @@ from ._plan import FIND_TOOLS, STOPPED_KEY, FinishedCall, Plan, PlannedCall, cal
 from ._registry import Registry
 from ._results import normalize_output
 from ._session import Session
-from ._types import Allow, Answer, Decision, Deny, Interrupt, Status, ToolCall, ToolContext, ToolResult
+from ._types import (
+    Allow,
+    Answer,
+    Decision,
+    Deny,
+    Interrupt,
+    Status,
+    ToolCall,
+    ToolContext,
+    ToolResult,
+    new_result,
+)
 
 if TYPE_CHECKING:
     from ._dispatcher import Dispatcher
@@ -1596,7 +1607,7 @@ _STATUS_OF = {s.value: s for s in Status}
 def _result_from_json(data: Mapping[str, Any]) -> ToolResult:
     """`ToolResult.from_json` of a result `_batch_problem` checked, without its keyword calls."""
     get = data.get
-    return ToolResult(
+    return new_result(
         data["call_id"],
         data["name"],
         _STATUS_OF[data["status"]],
