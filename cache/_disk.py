@@ -145,6 +145,21 @@ _DATABASE_FILES: Final = (_DATABASE, f"{_DATABASE}-wal", f"{_DATABASE}-shm")
 
 _log = logging.getLogger("threepass.cache")
 
+
+class _Forks:
+    """Which process this is, told apart from its parent without a system call: `count`
+    moves on in every child a fork makes (`os.getpid` asks the kernel each time)."""
+
+    count = 0
+
+    @classmethod
+    def forked(cls) -> None:
+        cls.count += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_Forks.forked)
+
 _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS threepass_reads ("
     " resource BLOB NOT NULL, key TEXT NOT NULL, PRIMARY KEY (resource, key)"
@@ -493,14 +508,14 @@ class DiskResultCache:
         use, and again in a forked child."""
         local = self._loop_local
         con: sqlite3.Connection | None = getattr(local, "con", None)
-        if con is None or local.pid != os.getpid():
+        if con is None or local.forks != _Forks.count:
             con = sqlite3.connect(
                 self._directory / "cache.db",
                 timeout=INLINE_BUSY,
                 isolation_level=None,
                 check_same_thread=True,
             )
-            local.con, local.pid = con, os.getpid()
+            local.con, local.forks = con, _Forks.count
         return con
 
     def _get_many_inline(self, keys: Sequence[str]) -> dict[str, CacheEntry] | None:
@@ -777,7 +792,7 @@ class DiskResultCache:
     def close(self) -> None:
         """Close this thread's connections; the next operation opens them again."""
         con = getattr(self._loop_local, "con", None)
-        if con is not None and self._loop_local.pid == os.getpid():
+        if con is not None and self._loop_local.forks == _Forks.count:
             con.close()
         self._loop_local.con = None
         if self._store is not None:

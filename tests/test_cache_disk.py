@@ -1002,3 +1002,35 @@ async def test_lookups_on_the_loop_wait_briefly_for_a_lock_and_the_store_as_long
     timeout_ms = con.execute("PRAGMA busy_timeout").fetchone()[0]
     assert timeout_ms == int(cache._disk.INLINE_BUSY * 1000)
     assert disk._store._con.execute("PRAGMA busy_timeout").fetchone()[0] == 3000
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_looks_up_on_a_connection_of_its_own(tmp_path: Path) -> None:
+    """A lookup on the loop in a child forked after the parent's opens the child's own
+    connection (SQLite's must not cross a fork), and finds what the parent stored."""
+    import anyio
+
+    store = DiskResultCache(tmp_path)
+    store.set_many_sync([CacheWrite("k", "stored", 60.0, frozenset())])
+
+    async def look() -> tuple[str | None, int]:
+        found = await store.get_many(["k"])
+        return (found["k"].content if "k" in found else None), id(store._loop_local.con)
+
+    parent = anyio.run(look)
+    assert parent[0] == "stored"
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running the parent's exit handlers
+        try:
+            child = anyio.run(look)
+            os.write(write, json.dumps([child[0], child[1] != parent[1]]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as got:
+        answer = json.loads(got.read() or "null")
+    os.waitpid(pid, 0)
+    assert answer == ["stored", True]
+    assert anyio.run(look) == parent  # the parent's connection stays its own
+    store.close()
