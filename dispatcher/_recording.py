@@ -370,83 +370,19 @@ def _plain_record(
     """The calls, plan rows and results of the common batch, which holds nothing to redact:
     every call the OpenAI chat shape with JSON text, pass 1's canonical arguments for each,
     no credential in any of them (one scan for the whole batch) nor in the defaults of
-    their tools; from `_ENCODED_FROM` calls each already encoded (`_plain_record_encoded`),
-    unless not `apart`.
-    None for any other batch, which `_record_of` builds part by part; both build the
-    same record for a batch this one takes. Only when a rewriter may have changed the
-    arguments (`rewritten`) are pass 1's scanned too: otherwise they hold no text the
-    calls' own does not (unescaped: text with an escape is scanned further anyway).
-    Plain loops, not comprehensions: in this Python each comprehension is a call of its
-    own, paid for even by a batch of one."""
+    their tools. None for any other batch, which `_record_of` builds part by part; both
+    build the same record for a batch this one takes. Only when a rewriter may have
+    changed the arguments (`rewritten`) are pass 1's scanned too: otherwise they hold no
+    text the calls' own does not (unescaped: text with an escape is scanned further
+    anyway). From `_ENCODED_FROM` calls, unless not `apart`, each list is encoded as soon
+    as it is made (`_encoded`): a large batch's rows are then never all alive at once,
+    which would set off a garbage collection in most such batches and so promote the
+    session's newest history on and on."""
     if not len(calls) == len(planned) == len(results):
         return None
-    if apart and len(calls) >= _ENCODED_FROM:
-        return _plain_record_encoded(calls, planned, results, rewritten)
-    recorded_calls: list[dict[str, Any]] = []
-    plan_rows: list[dict[str, Any]] = []
-    recorded_results: list[dict[str, Any] | None] = []
     scanned: list[str] = []
     tools: set[int] | None = None  # asked about their defaults
-    status_text = _STATUS_TEXT
-    for item, p, r in zip(calls, planned, results, strict=False):  # as long as each other: see above
-        fn = item.get("function") if type(item) is dict else None
-        if type(fn) is not dict or type(raw := fn.get("arguments")) is not str or not raw or p.sent is None:
-            return None
-        scanned.append(raw)
-        if rewritten:
-            scanned.append(p.sent)
-        tool = p.tool
-        if tool is not None and tool.defaults and (tools is None or id(tool) not in tools):
-            if _defaults_may_hold_credentials(tool.defaults):
-                return None
-            tools = tools or set()
-            tools.add(id(tool))
-        recorded_calls.append(
-            {"id": str(item.get("id", "")), "name": str(fn.get("name", "")), "arguments": raw}
-        )
-        ran = p.leader is None and p.outcome is None
-        how = ("unfinished" if r is None else "ran") if ran else _how(p, r)
-        plan_rows.append({"name": p.name, "key": p.key, "how": how})
-        if type(r) is ToolResult and type(r.status) is Status:
-            recorded_results.append(
-                {  # ToolResult.to_json, field for field
-                    "call_id": r.call_id,
-                    "name": r.name,
-                    "status": status_text[r.status],
-                    "content": r.content,
-                    "retryable": r.retryable,
-                    "effect_uncertain": r.effect_uncertain,
-                    "cached": r.cached,
-                    "deduped": r.deduped,
-                    "started": r.started,
-                    "duration": r.duration,
-                }
-            )
-        else:  # none, or a subclass of ToolResult, which may say more in its to_json
-            recorded_results.append(None if r is None else _result_json(r, set()))
-    if may_hold_credentials("\x00".join(scanned)):  # as `_none_may_hold_credentials`
-        return None  # built for nothing, which is rare: a batch that holds a credential
-    return recorded_calls, plan_rows, recorded_results
-
-
-_ENCODED_FROM = 16  # calls in a batch from which `_plain_record` encodes its lists one by one
-_ORJSON_INTS = range(-(2**63), 2**64)  # the integers orjson writes
-
-
-def _plain_record_encoded(
-    calls: Sequence[Any],
-    planned: Sequence[PlannedCall],
-    results: Sequence[ToolResult | None],
-    rewritten: bool,
-) -> tuple[orjson.Fragment, orjson.Fragment, orjson.Fragment] | None:
-    """`_plain_record` of a large batch, each of its three lists encoded (as `encode_line`
-    would, within the line) as soon as it is made: a batch's rows are never all alive at
-    once, which would set off a garbage collection in most large batches and so promote
-    the session's newest history on and on. None as `_plain_record`, and for text orjson
-    refuses (a lone surrogate), which the record built part by part encodes otherwise."""
-    scanned: list[str] = []
-    tools: set[int] | None = None  # asked about their defaults
-    for item, p in zip(calls, planned, strict=False):  # as long as each other
+    for item, p in zip(calls, planned, strict=False):  # as long as each other: see above
         fn = item.get("function") if type(item) is dict else None
         if type(fn) is not dict or type(raw := fn.get("arguments")) is not str or not raw or p.sent is None:
             return None
@@ -462,67 +398,64 @@ def _plain_record_encoded(
     if may_hold_credentials("\x00".join(scanned)):  # as `_none_may_hold_credentials`
         return None
     del scanned
-    status_text, options = _STATUS_TEXT, _ORJSON_OPTIONS
-    try:
-        calls_part = orjson.Fragment(
-            orjson.dumps(
-                [
-                    {
-                        "id": str(item.get("id", "")),
-                        "name": str(item["function"].get("name", "")),
-                        "arguments": item["function"]["arguments"],
-                    }
-                    for item in calls
-                ],
-                default=str,
-                option=options,
-            )
-        )
-        plan_part = orjson.Fragment(
-            orjson.dumps(
-                [
-                    {
-                        "name": p.name,
-                        "key": p.key,
-                        "how": (
-                            ("unfinished" if r is None else "ran")
-                            if p.leader is None and p.outcome is None
-                            else _how(p, r)
-                        ),
-                    }
-                    for p, r in zip(planned, results, strict=False)
-                ],
-                default=str,
-                option=options,
-            )
-        )
-        results_part = orjson.Fragment(
-            orjson.dumps(
-                [
-                    {  # ToolResult.to_json, field for field
-                        "call_id": r.call_id,
-                        "name": r.name,
-                        "status": status_text[r.status],
-                        "content": r.content,
-                        "retryable": r.retryable,
-                        "effect_uncertain": r.effect_uncertain,
-                        "cached": r.cached,
-                        "deduped": r.deduped,
-                        "started": r.started,
-                        "duration": r.duration,
-                    }
-                    if type(r) is ToolResult and type(r.status) is Status
-                    # none, or a subclass of ToolResult, which may say more in its to_json
-                    else (None if r is None else _result_json(r, set()))
-                    for r in results
-                ],
-                default=str,
-                option=options,
-            )
-        )
-    except (TypeError, orjson.JSONEncodeError):
+    encode = apart and len(calls) >= _ENCODED_FROM
+    status_text = _STATUS_TEXT
+    recorded_calls: Any = [
+        {
+            "id": str(item.get("id", "")),
+            "name": str(item["function"].get("name", "")),
+            "arguments": item["function"]["arguments"],
+        }
+        for item in calls
+    ]
+    if encode and (recorded_calls := _encoded(recorded_calls)) is None:
         return None
-    return calls_part, plan_part, results_part
+    plan_rows: Any = [
+        {
+            "name": p.name,
+            "key": p.key,
+            "how": ("unfinished" if r is None else "ran")
+            if p.leader is None and p.outcome is None
+            else _how(p, r),
+        }
+        for p, r in zip(planned, results, strict=False)
+    ]
+    if encode and (plan_rows := _encoded(plan_rows)) is None:
+        return None
+    recorded_results: Any = [
+        {  # ToolResult.to_json, field for field
+            "call_id": r.call_id,
+            "name": r.name,
+            "status": status_text[r.status],
+            "content": r.content,
+            "retryable": r.retryable,
+            "effect_uncertain": r.effect_uncertain,
+            "cached": r.cached,
+            "deduped": r.deduped,
+            "started": r.started,
+            "duration": r.duration,
+        }
+        if type(r) is ToolResult and type(r.status) is Status
+        # none, or a subclass of ToolResult, which may say more in its to_json
+        else (None if r is None else _result_json(r, set()))
+        for r in results
+    ]
+    if encode and (recorded_results := _encoded(recorded_results)) is None:
+        return None
+    return recorded_calls, plan_rows, recorded_results
+
+
+_ENCODED_FROM = 16  # calls in a batch from which `_plain_record` encodes its lists one by one
+_ORJSON_INTS = range(-(2**63), 2**64)  # the integers orjson writes
+
+
+def _encoded(rows: list[Any]) -> orjson.Fragment | None:
+    """`rows` as `encode_line` writes them within the line; None when orjson refuses them
+    (a lone surrogate), which the record built part by part encodes otherwise."""
+    try:
+        return orjson.Fragment(orjson.dumps(rows, default=str, option=_ORJSON_OPTIONS))
+    except TypeError:  # orjson.JSONEncodeError is one
+        return None
 
 
 def _result_json(result: ToolResult, secrets: set[str]) -> dict[str, Any]:
