@@ -29,7 +29,7 @@ import attrs
 import orjson
 import xxhash
 
-from ._credentials import carries_credentials, redact_json_text
+from ._credentials import carries_credentials, redact_arguments, redact_json_text
 from ._fastcheck import MAX_BRACKETS, fast_verdict
 from ._policy import resources_overlap
 from ._registry import RegisteredTool, Registry
@@ -360,6 +360,23 @@ def _nearest(name: str, names: Iterable[str], n: int = 3) -> list[str]:
     return difflib.get_close_matches(name, list(names), n=n, cutoff=0.5)
 
 
+def _unreadable(item: Any, exc: Exception) -> str:
+    """Why `item` is no tool call (`exc`), quoting it redacted where it carries a credential:
+    one is not said back, nor kept in a recording, which replays the call redacted."""
+    if isinstance(item, Mapping):
+        try:
+            redacted = redact_arguments(dict(item))
+            changed = redacted != item
+        except Exception:  # keys that are no text, say: quoted as they are
+            return str(exc)
+        if changed:
+            try:
+                ToolCall.parse(redacted)
+            except (TypeError, ValueError) as again:
+                return str(again)
+    return str(exc)
+
+
 def _clean_name(name: str) -> str:
     name = name.strip()
     cut = name.find("<|")
@@ -522,7 +539,7 @@ class Planner:
             except (TypeError, ValueError) as exc:
                 call_id = call_id_of(item) or f"call_{index}"
                 d = Draft(index=index, call_id=call_id, name="", args=None)
-                self._fail(d, Status.invalid_arguments, f"unreadable tool call: {exc}")
+                self._fail(d, Status.invalid_arguments, f"unreadable tool call: {_unreadable(item, exc)}")
                 return d
             call_id, name, raw = str(call.id), str(call.name), call.arguments
         d = Draft(index, call_id, _clean_name(name), None)

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cache
-from dispatcher import Dispatcher, Registry, Tool, ToolCall, _credentials, replay
+from dispatcher import Dispatcher, Registry, Status, Tool, ToolCall, _credentials, replay
 from dispatcher._credentials import (
     carries_credentials,
     credential_values,
@@ -469,3 +469,26 @@ def test_a_text_argument_holding_json_is_read_as_what_it_holds(args: dict[str, A
 @pytest.mark.parametrize("text", ["{not json, key}", "[1, 2, 3]", '{"note": "a key"}', "{"])
 def test_a_text_argument_that_only_looks_like_json_is_kept(text: str) -> None:
     assert redact_arguments({"content": text}) == {"content": text}
+
+
+@pytest.mark.parametrize("item", [{"Jwt": 0}, {"api_key": "sk-live-0123456789abcdef"}, {"x": 1, "token": 42}])
+async def test_an_unreadable_call_is_quoted_redacted_and_replays(
+    tmp_path: Path, item: dict[str, Any]
+) -> None:
+    """A call of no known shape is refused quoting it redacted: its credential is not said back
+    nor kept in the recording, which replays it (redacted) to the same words."""
+    path = tmp_path / "s.jsonl"
+
+    async def echo(args: Any, ctx: Any) -> str:
+        return str(args)
+
+    registry = Registry([Tool("echo", "Echo.", echo, {"type": "object"}, deferred=False)])
+    s = Dispatcher(registry).session("unreadable", record=path)
+    [result] = await s.dispatch([item])
+    s.close()
+    assert result.status is Status.invalid_arguments and "unreadable tool call" in result.content
+    kept = path.read_text()
+    assert repr(item) not in result.content and repr(item) not in kept  # as it was sent: not quoted
+    assert all(v not in result.content + kept for v in item.values() if isinstance(v, str))
+    report = await replay(path, Dispatcher(registry))
+    assert report.ok, report
