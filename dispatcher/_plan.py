@@ -648,10 +648,15 @@ class Planner:
                     continue
             d.entry = entry
             args = d.args
-            if entry.plain and in_place and args is not None:
+            if (
+                in_place
+                and args is not None
+                and (entry.plain or (entry.cached_plain and not (entry.takes_force and FORCE in args)))
+            ):
                 # The common call, keyed in place as `_key` keys it: a plain tool (no seams,
-                # so no `force` either). Arguments that are not JSON, or are too long, go
-                # there for its message.
+                # so no `force` either), or one whose only seam is a cache policy without
+                # `when` (and no `force` sent). Arguments that are not JSON, or are too long,
+                # go there for its message.
                 filled = None
                 if entry.defaults:
                     defaults = copy.deepcopy(entry.defaults) if entry.defaults_mutable else entry.defaults
@@ -678,14 +683,36 @@ class Planner:
                         size = len(canonical) if canonical.isascii() else len(canonical.encode())
                     except (TypeError, ValueError, RecursionError):
                         size = -1
+                key = xxhash.xxh3_128_hexdigest(f"{name}\x00{canonical}".encode()) if size >= 0 else ""
+                policy = entry.tool.cache
+                cache_key = None
+                if policy is not None and 0 <= size <= max_args and self._has_cache:
+                    # `_evaluate_seams` of a policy without `when`; a walk that cannot read
+                    # the arguments goes there, for its message
+                    try:
+                        carries = carries_credentials(filled or args)
+                    except Exception:
+                        size = -1
+                    else:
+                        if not carries:
+                            cache_key = (
+                                key
+                                if policy.scope == "shared"
+                                else xxhash.xxh3_128_hexdigest(f"{key}\x00{self._session_id}".encode())
+                            )
                 if 0 <= size <= max_args:
+                    if policy is not None:  # as `_evaluate_seams` leaves a call of such a tool
+                        d.reads = d.writes = frozenset()
+                        d.cacheable = cache_key is not None
+                        if cache_key is not None:
+                            d.cache_key = cache_key
                     d.sent = args
                     if filled is not None:
                         d.args = filled
                     d.sent_json = sent_json
-                    d.key = d.arrived_key = xxhash.xxh3_128_hexdigest(f"{name}\x00{canonical}".encode())
+                    d.key = d.arrived_key = key
                     d.concurrent = entry.tool.concurrent is True
-                    d.plain = True
+                    d.plain = policy is None  # a cached call is looked up the general way
                     keyed.append(d)
                     continue
             if self._key(d, entry):  # the key, for the store's lookup

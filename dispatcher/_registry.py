@@ -105,6 +105,9 @@ class RegisteredTool:
     """Has a result-cache policy and no `force` parameter of its own: `force` is ours."""
     plain: bool = False
     """No reads, writes or cache policy and a fixed `concurrent`: no seam to evaluate."""
+    cached_plain: bool = False
+    """As `plain`, but with a cache policy that asks no `when`: only whether the arguments
+    carry a credential decides that a call is looked up in the result cache."""
     in_process: bool = False
     """A sync handler run in a worker process (`isolation="process"`, its own or the registry's)."""
     fast: Any = None
@@ -276,6 +279,11 @@ def register_check(tool: Tool, isolation: Isolation = "thread") -> RegisteredToo
         plain=tool.reads is None
         and tool.writes is None
         and tool.cache is None
+        and isinstance(tool.concurrent, bool),
+        cached_plain=tool.reads is None
+        and tool.writes is None
+        and tool.cache is not None
+        and tool.cache.when is None
         and isinstance(tool.concurrent, bool),
         in_process=in_process,
         fast=compile_fast(schema, tool.name),

@@ -206,6 +206,9 @@ _FITTING = st.sampled_from(
         '{"mode": "read"}',
         '{"url": "u"}',
         '{"q": "x", "force": true}',
+        '{"q": "x"}',
+        '{"q": "x", "headers": {"Authorization": "Bearer abc"}}',
+        '{"q": "x", "url": "https://u:pw@example.com/"}',
         '{"s": " x"}',
         '{"x": 1}',
         "{}",
@@ -724,7 +727,9 @@ _DISPATCH_ARGS = st.one_of(
         lambda text, path, extra: json.dumps({"text": text, "path": path, **extra}),
         st.sampled_from(["a", "b", "\U0001f600", "x" * 50]),
         st.sampled_from(["/a", "/b"]),
-        st.sampled_from([{}, {"force": True}, {"n": 1.5}, {"n": 2**70}]),
+        st.sampled_from(
+            [{}, {"force": True}, {"n": 1.5}, {"n": 2**70}, {"headers": {"Authorization": "Bearer abc"}}]
+        ),
     ),
     st.builds(
         lambda name: json.dumps({"name": name, "args": {"text": "a", "path": "/a"}}),
@@ -826,3 +831,27 @@ def test_cache_entry_served_the_same_either_way() -> None:
         outcomes.append(planner.finish(drafts))
     assert outcomes[0] == outcomes[1]
     assert outcomes[0].calls[0].outcome is not None and outcomes[0].calls[0].outcome.cached
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+@pytest.mark.parametrize(
+    "extra",
+    [{"headers": {"Authorization": "Bearer abc"}}, {"url": "https://u:pw@example.com/"}, {"note": "n"}],
+)
+async def test_a_cached_tool_keeps_credentials_out_of_the_result_cache(
+    monkeypatch: pytest.MonkeyPatch, in_place: bool, extra: dict[str, Any]
+) -> None:
+    """A call of a cached tool whose arguments carry a credential is never stored nor served
+    from the result cache; one that carries none is, in place as the general way."""
+    monkeypatch.setattr(_plan, "_IN_PLACE", in_place)
+    s = _dispatcher(cache=True).session("cache")
+    call = {
+        "id": "c",
+        "type": "function",
+        "function": {"name": "cached", "arguments": json.dumps({"text": "a", **extra})},
+    }
+    [first] = await s.dispatch([call])
+    s.new_run()
+    [again] = await s.dispatch([call])
+    assert first.status is Status.ok and not first.cached
+    assert again.cached is ("note" in extra)
