@@ -460,7 +460,11 @@ class BlockWatch:
         self._culprit = culprit
         self._report = report
         self._batches = 0
-        self._post = poster()
+        # the loop's poster held weakly: a watch kept for its loop (`shared_block_watch`)
+        # must not be what keeps that loop alive once it has closed
+        self._post: Callable[[], Callable[[Callable[[], object]], object] | None] = weakref.WeakMethod(
+            poster()
+        )
         self._loop_thread = threading.get_ident()
         self._awake = threading.Event()
         self._starting = threading.Lock()
@@ -505,7 +509,11 @@ class BlockWatch:
             posted = time.monotonic()
             seen: tuple[Any, float, Any] | None = None
             try:
-                self._post(self._answer)
+                post = self._post()
+                if post is None:
+                    raise RuntimeError("the loop is gone")
+                post(self._answer)
+                del post  # held no longer than that: the loop may close while this thread idles
             except Exception:  # the loop is gone (trio's RunFinishedError, asyncio's RuntimeError)
                 with self._starting:
                     self._sampler = None

@@ -431,3 +431,27 @@ async def test_shutdown_during_a_process_call_fails_that_call_at_once() -> None:
     [result] = got
     assert result.status is Status.failed and "ended without answering (killed by SIGKILL)" in result.content
     assert time.monotonic() - began < 5
+
+
+def test_a_loops_shared_block_watch_does_not_keep_the_loop_alive() -> None:
+    """asyncio loops that ran a batch and closed are collected: the watch kept for each holds
+    its loop's poster weakly (else every `asyncio.run` would leave its loop behind)."""
+    import asyncio
+    import gc
+    import weakref
+
+    async def brief(args: Mapping[str, Any], ctx: Any) -> str:
+        return "brief"
+
+    registry = Registry([tool("brief", brief)])
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def one() -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        [result] = await Dispatcher(registry).session("s").dispatch([ToolCall("a", "brief", {})])
+        assert result.status is Status.ok
+
+    for _ in range(3):
+        asyncio.run(one())
+    gc.collect()
+    assert [ref() for ref in loops] == [None, None, None]
