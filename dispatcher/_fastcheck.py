@@ -28,7 +28,7 @@ from typing import Any
 
 import jsonschema_rs
 
-__all__ = ["MAX_BRACKETS", "compile_fast", "fast_verdict", "fast_safe"]
+__all__ = ["compile_fast", "fast_verdict", "fast_safe"]
 
 log = logging.getLogger("threepass.registry")
 
@@ -44,7 +44,7 @@ _CLASS_ITEM = r"(?:[^\\\]\[]|\\[dwntr]|\\[!-/:-@\[-`{-~])"
 _SAFE_PATTERN = re.compile(
     rf"(?:{_ATOM}|\[(?!\^)(?!\]){_CLASS_ITEM}+\]|\((?:\?:|(?!\?))|\)|\{{\d+(?:,\d*)?\}})*"
 )
-MAX_BRACKETS = 100
+_MAX_BRACKETS = 100
 """Arguments with more brackets than this in their JSON may nest deeper than jsonschema
 (which recurses in Python) can follow: jsonschema alone says what they are."""
 
@@ -113,8 +113,10 @@ def fast_verdict(
     the errors; it may find none). None: this instance is for jsonschema alone.
 
     `from_json` says `args` came straight from JSON text; `canonical` is their JSON."""
-    if canonical is None or canonical.count("[") + canonical.count("{") > MAX_BRACKETS:
-        return None
+    if canonical is None or (
+        len(canonical) > _MAX_BRACKETS and canonical.count("[") + canonical.count("{") > _MAX_BRACKETS
+    ):
+        return None  # (text no longer than the limit cannot hold more brackets than it)
     if not from_json and not _plain_json(args):
         return None
     try:

@@ -30,7 +30,7 @@ import orjson
 import xxhash
 
 from ._credentials import carries_credentials, redact_arguments, redact_json_text
-from ._fastcheck import MAX_BRACKETS, fast_verdict
+from ._fastcheck import fast_verdict
 from ._policy import resources_overlap
 from ._registry import RegisteredTool, Registry
 from ._results import DEFAULT_MAX_OUTPUT_BYTES, describe, failure_result, normalize_output, safe_text, shown
@@ -761,26 +761,17 @@ class Planner:
                     d.outcome = _served_again(found.result, d.call_id)
                     continue
                 leaders[key] = d
-                # `_validate` where jsonschema-rs says valid and is sure to agree (`fast_verdict`)
-                fast = entry.fast
-                canonical = d.sent_json
+                # `_validate` where jsonschema-rs says valid and is sure to agree
+                fast, sent = entry.fast, d.sent
                 if (
                     fast is not None
                     and d.from_json
-                    and canonical is not None
-                    and (
-                        len(canonical) <= MAX_BRACKETS
-                        or canonical.count("[") + canonical.count("{") <= MAX_BRACKETS
-                    )
+                    and sent is not None
+                    and fast_verdict(fast, sent, from_json=True, canonical=d.sent_json)
                 ):
-                    try:
-                        valid = fast.is_valid(d.sent)
-                    except (ValueError, UnicodeError, OverflowError):
-                        valid = False
-                    if valid:
-                        if entry.tool.confirm is not False:
-                            self._confirm(d, entry)
-                        continue
+                    if entry.tool.confirm is not False:
+                        self._confirm(d, entry)
+                    continue
                 if self._validate(d, entry):
                     self._confirm(d, entry)
                 continue
