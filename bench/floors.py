@@ -17,8 +17,9 @@ Two workloads: `echo` (one string property, the harness's echo) and `realistic` 
 schema of five properties, a nested object, an enum and required ones). Then threepass
 with a recording and without (batch 1 and 100; the default recording, whose batches wait
 for their line, and `record_wait=False`), the fixed cost of a batch (per call at
-batch 1 less per call at batch 100), and replay of a recording (the file read and its
-chain checked) against live dispatch of the same batches.
+batch 1 less per call at batch 100, in rounds that alternate the two sizes), and replay
+of a recording (the file read and its chain checked) against live dispatch of the same
+batches.
 
     python -m bench.floors [--quick]
 """
@@ -225,6 +226,33 @@ async def _interleaved(
     return {name: statistics.median(t) / size * 1e6 for name, t in times.items()}
 
 
+async def fixed_cost(quick: bool) -> dict[str, float]:
+    """threepass's fixed cost of a batch, echo: per call at batch 1 less per call at batch
+    100, from rounds that alternate the two sizes (a batch of 100, then `_SMALL_PER_ROUND`
+    batches of 1, the order turning each round) on one session, so that a slow spell of the
+    machine weighs on both alike; medians of each."""
+    three = Threepass()
+    small: list[float] = []
+    large: list[float] = []
+    warmup = 3
+    for r in range(_rounds(100, quick) + warmup):
+        for size in (1, 100) if r % 2 else (100, 1):
+            for k in range(_SMALL_PER_ROUND if size == 1 else 1):
+                calls = batch("echo", size, r * _SMALL_PER_ROUND + k)
+                t0 = time.perf_counter()
+                outputs = await three.run_batch(calls)
+                elapsed = time.perf_counter() - t0
+                if len(outputs) != size:
+                    raise AssertionError(f"{size} calls gave {len(outputs)} outputs")
+                if r >= warmup:
+                    (small if size == 1 else large).append(elapsed / size)
+    one, hundred = statistics.median(small) * 1e6, statistics.median(large) * 1e6
+    return {"batch_1": one, "batch_100": hundred, "fixed_us": one - hundred}
+
+
+_SMALL_PER_ROUND = 20  # batches of 1 in each round of `fixed_cost`, beside one batch of 100
+
+
 def _rounds(size: int, quick: bool) -> int:
     full = {1: 1500, 10: 300, 100: 80}[size]
     return full // 10 if quick else full
@@ -355,6 +383,7 @@ async def measure(quick: bool = False) -> dict[str, Any]:
         folder = Path(name)
         return {
             "per_call": await per_call(quick),
+            "fixed": await fixed_cost(quick),
             "recording": await recording(quick, folder),
             "replay": await replaying(quick, folder),
             "per_request": await per_request(quick),
@@ -403,6 +432,13 @@ def render(figures: Mapping[str, Any]) -> str:
         f"{rp['live_s'] * 1e3:.1f} ms ({rp['live_calls_per_s']:,.0f} calls/s); replay / live "
         f"{rp['ratio']:.2f}x.",
     ]
+    fx = figures["fixed"]
+    lines += [
+        "",
+        f"The fixed cost of a batch (echo), from rounds that alternate a batch of 100 with "
+        f"{_SMALL_PER_ROUND} batches of 1 on one session: {fx['batch_1']:.1f} µs per call at batch 1, "
+        f"{fx['batch_100']:.1f} at batch 100, {fx['fixed_us']:.1f} µs between them.",
+    ]
     pr = figures["per_request"]
     lines += [
         "",
@@ -415,9 +451,9 @@ def render(figures: Mapping[str, Any]) -> str:
 
 
 def fixed_cost_us(figures: Mapping[str, Any]) -> float:
-    """threepass's fixed cost of a batch: per call at batch 1 less per call at batch 100 (echo)."""
-    echo = figures["per_call"]["echo"]
-    return float(echo["1"]["threepass"] - echo["100"]["threepass"])
+    """threepass's fixed cost of a batch: per call at batch 1 less per call at batch 100
+    (echo), from `fixed_cost`'s alternating rounds."""
+    return float(figures["fixed"]["fixed_us"])
 
 
 def goals(figures: Mapping[str, Any]) -> list[Goal]:
