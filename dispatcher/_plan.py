@@ -33,9 +33,17 @@ from ._credentials import carries_credentials, redact_arguments, redact_json_tex
 from ._fastcheck import fast_verdict
 from ._policy import resources_overlap
 from ._registry import RegisteredTool, Registry
-from ._results import DEFAULT_MAX_OUTPUT_BYTES, describe, failure_result, normalize_output, safe_text, shown
+from ._results import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    describe,
+    failure_result,
+    new_result,
+    normalize_output,
+    safe_text,
+    shown,
+)
 from ._seams import CacheEntry
-from ._types import Allow, Answer, Deny, Status, ToolCall, ToolResult, call_id_of, maker, new_result
+from ._types import Allow, Answer, Deny, Status, ToolCall, ToolResult, call_id_of, maker
 
 __all__ = [
     "DEFAULT_MAX_ARGUMENT_BYTES",
@@ -134,7 +142,7 @@ def stopped_result(call_id: str, name: str, limit: int = DEFAULT_MAX_OUTPUT_BYTE
 
 def _served_again(result: ToolResult, call_id: str) -> ToolResult:
     """An earlier success, served to another call (attrs.evolve is several times slower)."""
-    return ToolResult(
+    return new_result(
         call_id,
         result.name,
         result.status,
@@ -143,6 +151,8 @@ def _served_again(result: ToolResult, call_id: str) -> ToolResult:
         result.effect_uncertain,
         result.cached,
         True,  # deduped
+        None,
+        0.0,
     )
 
 
