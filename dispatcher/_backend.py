@@ -13,6 +13,7 @@ or where the kernel must know which loop it is on:
   read again every batch for less);
 - `slot_ops(limiter, would_block)`: how pass 2 takes a limiter slot without waiting and
   gives it back (on trio, without trio's round of calls that wakes nobody when nobody waits);
+  `waiting_on(limiter, waiting)`: how it counts who waits for one, asked after every call;
 - `wait_readable(fd)`: how pass 2 waits for a worker process's reply;
 - `poster()`: how a thread of the kernel's own (the recording's writer) wakes the loop;
 - `BlockWatch`: how an async tool that holds the loop is caught — a probe the loop must
@@ -58,6 +59,7 @@ __all__ = [
     "primitives",
     "shared_block_watch",
     "slot_ops",
+    "waiting_on",
     "wait_readable",
 ]
 
@@ -333,6 +335,15 @@ def slot_ops(
             borrowers.remove(borrower)
 
     return take, give_back
+
+
+def waiting_on(limiter: Any, waiting: Callable[[Any], int]) -> Callable[[], int]:
+    """`waiting(limiter)` as a call of nothing: on a trio CapacityLimiter, counted by the
+    length of its parking lot's waiters (as `_waiting` counts them) without a frame."""
+    if waiting is _waiting and _trio_layout(limiter):
+        parked: collections.OrderedDict[Any, None] = limiter._lot._parked
+        return parked.__len__
+    return functools.partial(waiting, limiter)
 
 
 _TRIO = Primitives(

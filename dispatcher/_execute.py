@@ -238,12 +238,16 @@ class Executor:
         self._plain = self._keep and runner is None and before_write is None
         self._now = primitives.clock
         self._p = primitives
-        self._waiting = primitives.waiting
         self._watch = watch if watch is not None else Watch(None, DEFAULT_BLOCK_THRESHOLD)
         ops = self._watch.slot_ops  # made once a limiter: replay makes an executor a batch
-        if ops is None or ops[0] is not limiter:
-            ops = self._watch.slot_ops = (limiter, *_backend.slot_ops(limiter, primitives.would_block))
-        self._take, self._give = ops[1], ops[2]
+        if ops is None or ops[0] is not limiter or ops[4] is not primitives.waiting:
+            ops = self._watch.slot_ops = (
+                limiter,
+                *_backend.slot_ops(limiter, primitives.would_block),
+                _backend.waiting_on(limiter, primitives.waiting),
+                primitives.waiting,
+            )
+        self._take, self._give, self._waiting_now = ops[1], ops[2], ops[3]
         self._holding = self._watch.holding
         self._blocking = self._watch.blocking
         self._begin(deadline, context)
@@ -419,12 +423,11 @@ class Executor:
                     with self._p.cancel_scope() as scope:
                         slot.scope, slot.cut = scope, False
                         while todo:
-                            planned = todo.popleft()
-                            tool = planned.tool
+                            tool = todo[0].tool
                             if plain and slot.borrower is not None and tool is not None and tool.is_async:
-                                await self._run_kept(planned, slot)
+                                await self._run_kept(todo, slot)
                             else:
-                                await self._run_call(planned, slot)
+                                await self._run_call(todo.popleft(), slot)
                             if slot.cut:
                                 # the call overran but swallowed its cancellation and returned:
                                 # the next call must not inherit a cancelled scope
@@ -644,36 +647,48 @@ class Executor:
             if release:
                 self._done_with(slot, borrower)
 
-    async def _run_kept(self, planned: PlannedCall, slot: _Slot) -> None:
-        """`_run_call` of an async tool by a worker that kept its limiter slot, when nothing
-        but the handler runs between a call's start and its result (no hook, runner or
-        start mark): the same steps in one frame, since this is most calls of a batch."""
-        if self._deadline is not None and self._now() >= self._deadline:
-            await self._run_call(planned, slot)  # which says so
-            return
-        tool = planned.tool
-        assert tool is not None
-        timeout = tool.tool.timeout or self._timeout
-        borrower = slot.borrower
-        ctx = new_context(planned.call_id, planned.name, *self._context)
-        index = planned.index
-        self.started.add(index)
-        started = time.time()
-        t0 = time.monotonic()
-        self._holding[borrower] = (planned, t0, timeout)
-        slot.running, slot.ctx, slot.started, slot.t0 = planned, ctx, started, t0
-        slot.timeout, slot.deadline = timeout, self._now() + timeout
-        try:
-            value = await tool.tool.handler(planned.args, ctx)
-            slot.running, slot.deadline = None, math.inf  # slot.idle()
-            if slot.cut:  # the watchdog cut it at its deadline, and it swallowed that
-                self.results[index] = self._timed_out(planned, timeout, started, t0)
-            else:
-                self.results[index] = self._returned(planned, value, timeout, started, t0, True)
-        except BaseException as exc:
-            self._land_raised(planned, slot, exc, started, t0)
-        finally:
-            self._done_with(slot, borrower)
+    async def _run_kept(self, todo: collections.deque[PlannedCall], slot: _Slot) -> None:
+        """`_run_call` of the async tools' calls at the front of `todo`, by a worker that
+        kept its limiter slot, when nothing but the handler runs between a call's start and
+        its result (no hook, runner or start mark): the same steps in one frame, call after
+        call while the worker keeps its slot and none was cut, since this is most calls of a
+        batch (awaiting a coroutine is no checkpoint: one a call would run them alike)."""
+        run_id, round_, deadline, host = self._context
+        results, started_calls, holding = self.results, self.started, self._holding
+        while todo:
+            planned = todo[0]
+            tool = planned.tool
+            if slot.borrower is None or tool is None or not tool.is_async:
+                return  # the worker's loop takes it
+            todo.popleft()
+            if self._deadline is not None and self._now() >= self._deadline:
+                await self._run_call(planned, slot)  # which says so
+                if slot.cut:
+                    return
+                continue
+            timeout = tool.tool.timeout or self._timeout
+            borrower = slot.borrower
+            ctx = new_context(planned.call_id, planned.name, run_id, round_, deadline, host)
+            index = planned.index
+            started_calls.add(index)
+            started = time.time()
+            t0 = time.monotonic()
+            holding[borrower] = (planned, t0, timeout)
+            slot.running, slot.ctx, slot.started, slot.t0 = planned, ctx, started, t0
+            slot.timeout, slot.deadline = timeout, self._now() + timeout
+            try:
+                value = await tool.tool.handler(planned.args, ctx)
+                slot.running, slot.deadline = None, math.inf  # slot.idle()
+                if slot.cut:  # the watchdog cut it at its deadline, and it swallowed that
+                    results[index] = self._timed_out(planned, timeout, started, t0)
+                else:
+                    results[index] = self._returned(planned, value, timeout, started, t0, True)
+            except BaseException as exc:
+                self._land_raised(planned, slot, exc, started, t0)
+            finally:
+                self._done_with(slot, borrower)
+            if slot.cut:
+                return  # the worker's loop gives the next call a scope of its own
 
     async def _run_alone(self, planned: PlannedCall) -> bool:
         """`_run_call` of an async tool run alone, when nothing but the handler runs between
@@ -806,7 +821,7 @@ class Executor:
         """A call on `borrower`'s limiter slot is over: its worker keeps the slot for its next
         call while nobody waits for one (taking and giving back a slot per call costs more
         than the rest of it), else it goes back."""
-        if slot.watched and self._keep and not self._waiting(self._limiter):
+        if slot.watched and self._keep and not self._waiting_now():
             slot.borrower = borrower
         else:  # what Watch.release does, inline: this is every async call
             slot.borrower = None

@@ -72,7 +72,8 @@ class Watch:
     blocking: BlockWatch | None = None
     pool: ProcessPool | None = None  # started by the first isolation="process" call
     closed: bool = False  # shut down: no pool from now on
-    slot_ops: tuple[Any, Any, Any] | None = None  # (limiter, take, give_back): made once, not per executor
+    # (limiter, take, give_back, waiting, what waiting counts by): made once, not per executor
+    slot_ops: tuple[Any, Any, Any, Any, Any] | None = None
 
     def holders(self) -> str:
         """`tool(call_id, running X s), ...`: who holds the slots, oldest first."""
