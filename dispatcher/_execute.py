@@ -655,6 +655,7 @@ class Executor:
         batch (awaiting a coroutine is no checkpoint: one a call would run them alike)."""
         run_id, round_, deadline, host = self._context
         results, started_calls, holding = self.results, self.started, self._holding
+        waiting = self._waiting_now
         while todo:
             planned = todo[0]
             tool = planned.tool
@@ -686,7 +687,10 @@ class Executor:
             except BaseException as exc:
                 self._land_raised(planned, slot, exc, started, t0)
             finally:
-                self._done_with(slot, borrower)
+                if waiting():
+                    self._done_with(slot, borrower)  # which gives the slot back
+                else:
+                    slot.borrower = borrower  # `_done_with`'s commonest case: kept for the next call
             if slot.cut:
                 return  # the worker's loop gives the next call a scope of its own
 
