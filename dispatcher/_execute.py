@@ -27,6 +27,7 @@ import copy
 import inspect
 import logging
 import math
+import operator
 import threading
 import time
 import types
@@ -44,6 +45,7 @@ from . import _backend
 from ._exceptions import DispatchInterrupted, HookBlocked, ToolError
 from ._plan import Plan, PlannedCall
 from ._process import ProcessContext, ProcessPool
+from ._registry import RegisteredTool
 from ._results import describe, failure_result, new_context, new_result, normalize_output
 from ._types import ContextHost, Status, ToolCall, ToolContext, ToolResult
 from ._watch import DEFAULT_BLOCK_THRESHOLD, Watch
@@ -53,6 +55,7 @@ __all__ = ["BeforeWrite", "Executor", "HookSet", "RunControl", "ToolRunner", "wa
 log = logging.getLogger("threepass.execute")
 
 _OK = Status.ok
+_TOOL = operator.attrgetter("tool")
 
 ToolRunner = Callable[[PlannedCall, ToolContext], Awaitable[Any]]
 """Stands in for running the handler: returns what a handler would, or a whole ToolResult
@@ -288,6 +291,10 @@ class Executor:
         tool = planned.tool
         return (tool.tool.timeout if tool is not None else None) or self._timeout
 
+    def _tool_timeout(self, tool: RegisteredTool | None) -> float:
+        """`_timeout_of` a call of `tool`."""
+        return (tool.tool.timeout if tool is not None else None) or self._timeout
+
     async def run(self, plan: Plan) -> None:
         calls = plan.calls
         # A handler that dispatches (`ctx.dispatcher.invoke(...)`) holds a slot of this
@@ -356,12 +363,14 @@ class Executor:
         return tuple(rest)
 
     async def _run_group(self, group: list[PlannedCall]) -> None:
+        tools = list(map(_TOOL, group))
         crew = _Crew(
             done=self._p.event(),
             todo=collections.deque(group),
             most=max(1, int(min(len(group), self._limiter.total_tokens))),
-            # asked once a tool: a batch is mostly calls of a few
-            shortest=min(map(self._timeout_of, {id(p.tool): p for p in group}.values())),
+            # asked once a tool (told apart by identity, in one pass without a frame a call):
+            # a batch is mostly calls of a few
+            shortest=min(map(self._tool_timeout, dict(zip(map(id, tools), tools, strict=True)).values())),
         )
         async with self._p.task_group() as nursery:
             crew.nursery = nursery

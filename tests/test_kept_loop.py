@@ -264,3 +264,40 @@ def test_a_batch_cancelled_while_its_kept_worker_runs_lands_as_the_general_path(
         assert 0 < len(fast) < 16  # cut part way
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))  # the same cut each time
+
+
+def test_a_group_is_watched_at_its_shortest_timeout() -> None:
+    """The supervisor of a group sleeps at most the shortest timeout of the group's tools:
+    a call of the shortest, started while it sleeps, is cut at its own deadline."""
+
+    async def slow(args: Mapping[str, Any], ctx: Any) -> str:
+        await trio.sleep(0.01)
+        return "slow"
+
+    registry = Registry(
+        [
+            Tool("slow", "slow", slow, {"type": "object"}, concurrent=True, deferred=False, timeout=10.0),
+            Tool(
+                "swallow",
+                "swallow",
+                _swallow,
+                {"type": "object"},
+                concurrent=True,
+                deferred=False,
+                timeout=0.05,
+            ),
+            Tool("quick", "quick", _quick, {"type": "object"}, concurrent=True, deferred=False),
+        ]
+    )
+
+    async def main() -> None:
+        d = Dispatcher(registry, max_concurrent=1, timeout=30.0)
+        s = d.session("s")
+        items = [openai_call(f"s{i}", "slow", {"n": i}) for i in range(3)]
+        items += [openai_call("q", "quick", {"n": 0}), openai_call("w", "swallow", {"n": 0})]
+        began = trio.current_time()
+        results = await s.dispatch(items)
+        assert [r.status.value for r in results] == ["ok"] * 4 + ["timed_out"]
+        assert trio.current_time() - began < 1.0  # cut at 0.05 s, not at another tool's timeout
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
