@@ -56,6 +56,7 @@ log = logging.getLogger("threepass.execute")
 
 _OK = Status.ok
 _TOOL = operator.attrgetter("tool")
+_INF = math.inf
 
 ToolRunner = Callable[[PlannedCall, ToolContext], Awaitable[Any]]
 """Stands in for running the handler: returns what a handler would, or a whole ToolResult
@@ -331,7 +332,7 @@ class Executor:
                         finally:
                             _RUNNING_ON.reset(running_on)
                     else:
-                        await self._run_group([calls[i] for i in group])
+                        await self._run_group(list(map(calls.__getitem__, group)))
                     if self.control is not _CALM:  # a signal came (`_signalled`)
                         return  # later groups do not start
             finally:
@@ -664,19 +665,21 @@ class Executor:
         batch (awaiting a coroutine is no checkpoint: one a call would run them alike)."""
         run_id, round_, deadline, host = self._context
         results, started_calls, holding = self.results, self.started, self._holding
-        waiting = self._waiting_now
+        waiting, now = self._waiting_now, self._now
+        run_deadline, default_timeout = self._deadline, self._timeout
         while todo:
             planned = todo[0]
             tool = planned.tool
             if slot.borrower is None or tool is None or not tool.is_async:
                 return  # the worker's loop takes it
             todo.popleft()
-            if self._deadline is not None and self._now() >= self._deadline:
+            if run_deadline is not None and now() >= run_deadline:
                 await self._run_call(planned, slot)  # which says so
                 if slot.cut:
                     return
                 continue
-            timeout = tool.tool.timeout or self._timeout
+            spec = tool.tool
+            timeout = spec.timeout or default_timeout
             borrower = slot.borrower
             ctx = new_context(planned.call_id, planned.name, run_id, round_, deadline, host)
             index = planned.index
@@ -685,10 +688,10 @@ class Executor:
             t0 = time.monotonic()
             holding[borrower] = (planned, t0, timeout)
             slot.running, slot.ctx, slot.started, slot.t0 = planned, ctx, started, t0
-            slot.timeout, slot.deadline = timeout, self._now() + timeout
+            slot.timeout, slot.deadline = timeout, now() + timeout
             try:
-                value = await tool.tool.handler(planned.args, ctx)
-                slot.running, slot.deadline = None, math.inf  # slot.idle()
+                value = await spec.handler(planned.args, ctx)
+                slot.running, slot.deadline = None, _INF  # slot.idle()
                 if slot.cut:  # the watchdog cut it at its deadline, and it swallowed that
                     results[index] = self._timed_out(planned, timeout, started, t0)
                 else:
