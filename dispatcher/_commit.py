@@ -91,7 +91,7 @@ def commit(
     calls that ran (None: they are left as pass 2 made them). Returns the effects;
     changes nothing itself."""
     results: list[ToolResult | None] = []
-    history: list[tuple[PlannedCall, ToolResult]] = []
+    unfinished = False  # a call without a result (None among the results)
     remember: dict[str, DedupeEntry] = {}
     # what most batches never add to starts empty and immutable, made anew as it grows
     loaded: tuple[str, ...] = ()
@@ -117,6 +117,7 @@ def commit(
         results.append(result)
         writes = planned.writes
         if result is None:
+            unfinished = True
             if writes and planned.index in started:
                 # started, then cancelled or blocked before it answered: it may have written
                 invalidated |= writes
@@ -124,7 +125,6 @@ def commit(
                 if cache_writes:
                     cache_writes = [w for w in cache_writes if not resources_overlap(w.reads, writes)]
             continue
-        history.append((planned, result))
         ok = result.status is _OK
         if not ok and planned.loads_schema:
             loaded += (planned.name,)
@@ -150,6 +150,12 @@ def commit(
                 if cache_writes is None:
                     cache_writes = []
                 cache_writes.append(CacheWrite(planned.cache_key, result.content, policy.ttl, planned.reads))
+    # every call with a result, in call order, paired with it (in one pass, after the loop)
+    history: tuple[tuple[PlannedCall, ToolResult], ...] = (
+        tuple(zip(plan.calls, results, strict=True))  # type: ignore[arg-type]  # no None among them
+        if not unfinished
+        else tuple((p, r) for p, r in zip(plan.calls, results, strict=True) if r is not None)
+    )
     events: tuple[ToolResultEvent, ...] = ()
     if want_events:
         events = tuple(
@@ -170,7 +176,7 @@ def commit(
         consumed = tuple(plan.calls[i].call_id for i in carried)
     return CommitEffects(  # field by field
         tuple(results),
-        tuple(history),
+        history,
         loaded,
         spent,
         invalidated,
