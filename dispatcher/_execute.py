@@ -46,8 +46,8 @@ from ._exceptions import DispatchInterrupted, HookBlocked, ToolError
 from ._plan import Plan, PlannedCall
 from ._process import ProcessContext, ProcessPool
 from ._registry import RegisteredTool
-from ._results import describe, failure_result, new_context, new_result, normalize_output
-from ._types import ContextHost, Status, ToolCall, ToolContext, ToolResult
+from ._results import describe, failure_result, normalize_output
+from ._types import ContextHost, Status, ToolCall, ToolContext, ToolResult, new_context, new_result
 from ._watch import DEFAULT_BLOCK_THRESHOLD, Watch
 
 __all__ = ["BeforeWrite", "Executor", "HookSet", "RunControl", "ToolRunner", "watch_loop"]

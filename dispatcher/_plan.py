@@ -33,17 +33,9 @@ from ._credentials import carries_credentials, redact_arguments, redact_json_tex
 from ._fastcheck import fast_verdict
 from ._policy import resources_overlap
 from ._registry import RegisteredTool, Registry
-from ._results import (
-    DEFAULT_MAX_OUTPUT_BYTES,
-    describe,
-    failure_result,
-    new_result,
-    normalize_output,
-    safe_text,
-    shown,
-)
+from ._results import DEFAULT_MAX_OUTPUT_BYTES, describe, failure_result, normalize_output, safe_text, shown
 from ._seams import CacheEntry
-from ._types import Allow, Answer, Deny, Status, ToolCall, ToolResult, call_id_of, maker
+from ._types import Allow, Answer, Deny, Status, ToolCall, ToolResult, call_id_of, maker, new_result
 
 __all__ = [
     "DEFAULT_MAX_ARGUMENT_BYTES",

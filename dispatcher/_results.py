@@ -10,21 +10,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from typing import Any
 
-import attrs
-
-from ._types import ContextHost, Status, ToolContext, ToolResult
+from ._types import Status, ToolResult
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
     "describe",
     "failure_content",
     "failure_result",
-    "filler",
-    "new_context",
-    "new_result",
     "normalize_output",
     "safe_text",
     "shown",
@@ -44,47 +38,6 @@ _RETRYABLE: dict[Status, bool] = {
     Status.timed_out: True,
     Status.expired: False,
 }
-
-
-def filler(cls: type[Any]) -> Callable[..., Any]:
-    """A constructor of the frozen, slotted attrs class `cls` taking every field in order,
-    for the values made for every call: it fills an instance of a subclass of `cls` that
-    adds nothing but the plain `__setattr__` (so each field is the interpreter's own slot
-    store, not a frozen class's `object.__setattr__` or a call of the slot's descriptor),
-    then makes it a `cls`. The instance is the same in every respect (class, fields,
-    equality, hash, repr), and costs half what the slot descriptors' way does."""
-    fields = attrs.fields(cls)
-    if any(f.validator is not None or f.converter is not None for f in fields):  # pragma: no cover
-        raise TypeError(f"{cls.__name__} validates or converts a field: its __init__ must run")
-    if not attrs.has(cls) or "__slots__" not in cls.__dict__:  # pragma: no cover
-        raise TypeError(f"{cls.__name__} is not a slotted attrs class")
-    # both are given: together they are one slot of the type, and only the pair of object's
-    # own makes it the plain one
-    opened = type(
-        f"_Filling{cls.__name__}",
-        (cls,),
-        {"__slots__": (), "__setattr__": object.__setattr__, "__delattr__": object.__delattr__},
-    )
-    names = [f.name for f in fields]
-    lines = [f"def make({', '.join(names)}):", "    made = new(opened)"]
-    lines += [f"    made.{name} = {name}" for name in names]
-    lines += ["    made.__class__ = cls", "    return made"]
-    scope: dict[str, Any] = {"new": object.__new__, "opened": opened, "cls": cls}
-    exec("\n".join(lines), scope)  # the code is made here, from the class's own field names
-    made: Callable[..., Any] = scope["make"]
-    return made
-
-
-new_result: Callable[[str, str, Status, str, bool, bool, bool, bool, float | None, float], ToolResult] = (
-    filler(ToolResult)
-)
-"""`ToolResult(call_id, name, status, content, retryable, effect_uncertain, cached, deduped,
-started, duration)`, every field given, faster."""
-
-new_context: Callable[[str, str, int, int, float | None, ContextHost | None], ToolContext] = filler(
-    ToolContext
-)
-"""`ToolContext(call_id, tool_name, run_id, round, deadline, host)`, faster."""
 
 
 def safe_text(value: Any) -> str:

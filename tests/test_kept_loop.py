@@ -59,7 +59,9 @@ def _raiser(exc: BaseException) -> Any:
 
 
 async def _nested(args: Mapping[str, Any], ctx: Any) -> str:
-    inner = await ctx.invoke("quick", {"n": 99})
+    # its own inner call: two nested calls' inner calls alike would be served one from the
+    # other in whichever order trio (which shuffles runnable tasks) happens to run them
+    inner = await ctx.invoke("quick", {"n": 1000 + args["n"]})
     return f"nested {inner.status.value} {inner.content}"
 
 

@@ -1,4 +1,4 @@
-"""`filler`: the per-call values made field by field are the values their classes make,
+"""`maker`: the per-call values made field by field are the values their classes make,
 in every respect a caller can see."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dispatcher import Status, ToolContext, ToolResult
-from dispatcher._results import filler, new_context, new_result
+from dispatcher._types import maker, new_context, new_result
 
 _text = st.text(max_size=20)
 _results = st.tuples(
@@ -120,14 +120,14 @@ def test_the_filling_class_is_never_seen() -> None:
             pytest.fail("a filled ToolResult did not match its class's pattern")
 
 
-def test_filler_takes_every_field_in_order() -> None:
+def test_maker_takes_every_field_in_order() -> None:
     @attrs.frozen
     class Point:
         x: int
         y: int = 0
         _z: str = attrs.field(default="", alias="z")
 
-    make = filler(Point)
+    make = maker(Point)
     assert make(1, 2, "q") == Point(1, 2, "q")
     assert type(make(1, 2, "q")) is Point
     with pytest.raises(TypeError):
