@@ -28,6 +28,7 @@ import asyncio
 import collections
 import functools
 import logging
+import math
 import operator
 import os
 import subprocess
@@ -415,14 +416,19 @@ async def wait_readable(fd: int) -> None:
 
 
 def cancellation_pending() -> bool:
-    """Whether a cancellation caught now is the running task's own: always on trio, where
-    only a cancel scope raises Cancelled; on asyncio while the task has one pending
-    (`Task.cancelling`), which a CancelledError that a tool raises itself, having awaited
-    a future or a task that something else cancelled, does not make."""
+    """Whether a cancellation caught now is the running task's own: on asyncio while the
+    task has one pending (`Task.cancelling`), which a CancelledError that a tool raises
+    itself, having awaited a future or a task that something else cancelled, does not
+    make; on trio while a cancel scope around this point is cancelled (its effective
+    deadline is then minus infinity), which a Cancelled a tool kept from an earlier scope
+    and raised again does not make: no scope would catch that one."""
     try:
         task = asyncio.current_task()
     except RuntimeError:  # no asyncio loop here: trio
-        return True
+        try:
+            return trio.current_effective_deadline() == -math.inf
+        except RuntimeError:  # no loop at all
+            return True
     return task is None or task.cancelling() > 0
 
 
