@@ -1454,6 +1454,7 @@ def _registry_drift(header: Mapping[str, Any], registry: Registry) -> str:
 
 
 _CUTS = frozenset({"DispatchInterrupted", "HookBlocked", "KeyboardInterrupt"})  # a tool's own run control
+_UNSERVED: Any = object()  # in `_BatchServer.served`: no recorded result was served
 
 
 @attrs.define
@@ -1471,14 +1472,23 @@ class _BatchServer:
     clean: bool = False  # the batch's arguments are known to hold no credential
     control: str | None = None  # what cut the recorded batch short, by its name
     raised: list[BaseException] = attrs.field(factory=list)  # the cuts it made again
+    # by index, the recorded result handed to pass 2 as it was read (`_UNSERVED`: none)
+    served: list[Any] = attrs.field(init=False)
+    cutting: bool = attrs.field(init=False)  # a run control cut the recorded batch short
+
+    def __attrs_post_init__(self) -> None:
+        self.served = [_UNSERVED] * len(self.recorded)
+        self.cutting = self.control in _CUTS
 
     def _cut_here(self, planned: PlannedCall) -> bool:
         """Whether `planned` is a call left unfinished when a tool's own run control (an
         interrupt, a block, a KeyboardInterrupt) cut the recorded batch short: served by
         raising that again, so the batch is cut as it was."""
+        if not self.cutting:
+            return False
         i = planned.index
         row = self.plan_rows[i] if i < len(self.plan_rows) else None
-        return row is not None and row["how"] == "unfinished" and self.control in _CUTS
+        return row is not None and row["how"] == "unfinished"
 
     def _cut(self, planned: PlannedCall) -> BaseException:
         cut: BaseException
@@ -1511,12 +1521,15 @@ class _BatchServer:
             return self._differs(planned, "name", row["name"], planned.name), False
         if row["key"] != key:
             return self._differs(planned, "key", str(row["key"]), str(key)), False
-        return _result_from_json(want), True
+        result = self.served[i] = _result_from_json(want)
+        return result, True
 
     def serve_now(self, planned: PlannedCall) -> ToolResult | None:
         """Pass 2's quick way for a recorded result: at once, with nothing to run (None for
         `find_tools`, which runs for real)."""
-        if (planned.name == FIND_TOOLS and planned.tool is not None) or self._cut_here(planned):
+        if (planned.name == FIND_TOOLS and planned.tool is not None) or (
+            self.cutting and self._cut_here(planned)
+        ):
             return None
         return self._recorded(planned)[0]
 
@@ -1562,6 +1575,8 @@ def _first_divergence(
     text redacted as the recorder redacts it."""
     recorded = serve.recorded
     divergences, secrets = serve.divergences, serve.secrets
+    if not divergences and not secrets and list(map(id, results)) == list(map(id, serve.served)):
+        return None  # each result is the one served, made from the recorded one: they agree
     for i in range(max(len(recorded), len(results))):
         if i in divergences:
             return divergences[i]
@@ -1642,6 +1657,41 @@ async def replay(
         session.close()
 
 
+def _replayed_calls(
+    recorded: Sequence[Mapping[str, Any]], plan: Sequence[Mapping[str, Any]], session: Session
+) -> tuple[list[Any], list[str], list[str] | None]:
+    """The calls of a batch record as replay hands them to pass 1 (`_replayed_call`), their
+    ids, and their arguments if every call holds them as text (None if one does not). A
+    call the plan says was stopped is marked in `session` as the session store's started
+    mark did then."""
+    calls: list[Any] = []
+    call_ids: list[str] = []
+    texts: list[str] | None = []
+    for item, row in zip(recorded, plan, strict=True):
+        arguments = item.get("arguments")
+        if (
+            len(item) == 3  # nothing but these three: no "raw", "opaque" nor "unreadable"
+            and type(arguments) is str
+            and arguments
+            and type(call_id := item.get("id")) is str
+            and type(name := item.get("name")) is str
+        ):
+            calls.append({"id": call_id, "function": {"name": name, "arguments": arguments}})
+        else:
+            calls.append(_replayed_call(item))
+            call_id = str(item.get("id", ""))
+        call_ids.append(call_id)
+        if texts is not None:
+            if type(arguments) is str:
+                texts.append(arguments)
+            else:
+                texts = None
+        if row["how"] == "stopped":
+            placeholder = ToolResult(call_id, row["name"], Status.failed, "")
+            session._planner_state.finished[call_id] = FinishedCall(STOPPED_KEY, placeholder)
+    return calls, call_ids, texts
+
+
 async def _replay_batches(
     recording: _Recording,
     dispatcher: Dispatcher,
@@ -1657,23 +1707,17 @@ async def _replay_batches(
         if last_run is not None and batch["run"] != last_run:
             session.new_run()
         last_run = batch["run"]
+        calls, call_ids, texts = _replayed_calls(batch["calls"], batch["plan"], session)
         # arguments as JSON text holding no credential stay so through pass 1, unless a
         # rewriter or a recorded decision changes them: one scan for the whole batch
-        texts = [c.get("arguments") for c in batch["calls"]]
         clean = (
             not dispatcher.rewriters
             and not batch.get("decisions")
-            and all(type(t) is str for t in texts)
+            and texts is not None
             and _none_may_hold_credentials(texts)
         )
         control = batch.get("control")
         serve = _BatchServer(number, line, batch["plan"], batch["results"], clean=clean, control=control)
-        calls = [_replayed_call(c) for c in batch["calls"]]
-        call_ids = [str(c.get("id", "")) for c in batch["calls"]]
-        for call_id, row in zip(call_ids, batch["plan"], strict=True):
-            if row["how"] == "stopped":  # as the session store's started mark did then
-                placeholder = ToolResult(call_id, row["name"], Status.failed, "")
-                session._planner_state.finished[call_id] = FinishedCall(STOPPED_KEY, placeholder)
         gate = _recorded_gate(batch.get("decisions", {}))
         answers = {
             k: Answer(v["answer"])
