@@ -1269,10 +1269,30 @@ def _loads(raw: bytes) -> Any:
     return json.loads(raw.decode("utf-8", errors="replace"))
 
 
+def _record(raw: bytes) -> dict[str, Any]:
+    """One line as a record (`_loads`); ValueError or RecursionError if it is none."""
+    value = _loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError(f"a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def _chain_start(header: Mapping[str, Any], raw: bytes) -> tuple[int, str]:
+    """The seq and line hash that the first batch of a chained recording follows."""
+    continues = header.get("continues")
+    if isinstance(continues, dict) and _is_int(continues.get("seq")):
+        return continues["seq"], line_hash(raw)  # a recording that another file's chain goes on in
+    return 0, line_hash(raw)
+
+
 def _read(path: str | os.PathLike[str]) -> _Recording:
     """Read and check a recording: its structure line by line, then its chain. The batches
     before the first problem replay; a record the chain shows edited does not."""
-    data = Path(path).read_bytes()
+    return _read_data(Path(path).read_bytes(), path)
+
+
+def _read_data(data: bytes, path: str | os.PathLike[str]) -> _Recording:
+    """`_read` of the recording `data`, read from `path`."""
     raw_lines = data.split(b"\n")
     ends_cleanly = data.endswith(b"\n")
     if ends_cleanly:
@@ -1282,9 +1302,7 @@ def _read(path: str | os.PathLike[str]) -> _Recording:
     problem: str | None = None
     for number, raw in enumerate(raw_lines, 1):
         try:
-            value = _loads(raw)
-            if not isinstance(value, dict):
-                raise ValueError(f"a JSON {type(value).__name__}, not an object")
+            value = _record(raw)
         except (ValueError, RecursionError) as exc:
             if number == len(raw_lines) and not ends_cleanly:
                 truncated = True
@@ -1320,10 +1338,7 @@ def _read(path: str | os.PathLike[str]) -> _Recording:
             "edited record cannot be detected",
         )
     batches: list[tuple[int, dict[str, Any]]] = []
-    seq_before, hash_before = 0, line_hash(parsed[0][1])
-    continues = header.get("continues")
-    if chained and isinstance(continues, dict) and _is_int(continues.get("seq")):
-        seq_before = continues["seq"]  # a recording that another file's chain goes on in
+    seq_before, hash_before = _chain_start(header, parsed[0][1]) if chained else (0, "")
     for at in range(1, len(parsed)):
         number, raw, record = parsed[at]
         kind = record.get("type")
@@ -1349,6 +1364,116 @@ def _read(path: str | os.PathLike[str]) -> _Recording:
         if chained:
             seq_before, hash_before = record["seq"], line_hash(raw)
     return _Recording(header, batches, truncated, problem, warnings)
+
+
+class _Stream:
+    """A chained recording read a line at a time, for replay: its batches in order, each
+    handed out once the next line vouches for it (or the file ends there), none kept after.
+    A line that is anything but a well-formed batch following the one before (a record of
+    another kind, a problem) and a recording of another format are left to `_read_data`,
+    which reads the same bytes whole: its batches begin with those handed out already,
+    since both take each line before that one the same way, and the rest follow. Once the
+    last batch is out, `truncated` and `problem` are those `_read_data` finds."""
+
+    def __init__(self, data: bytes, path: str | os.PathLike[str], *, whole: bool = False) -> None:
+        self._data, self._path = data, path
+        self.header: dict[str, Any] = {}
+        self.warnings: tuple[str, ...] = ()
+        self.truncated = False
+        self.problem: str | None = None
+        self._rest: list[tuple[int, dict[str, Any]]] | None = None  # `_read_data`'s batches
+        self._handed = 0  # batches handed out
+        self._pending: tuple[int, dict[str, Any]] | None = None  # read, not yet vouched for
+        self._ahead: tuple[int, dict[str, Any]] | None = None  # handed out by `any`
+        end = data.find(b"\n")
+        first = data if end < 0 else data[:end]
+        self._at = len(data) if end < 0 else end + 1  # where the next line begins
+        self._number = 1  # the line read last
+        try:
+            header: dict[str, Any] | None = _record(first)
+        except (ValueError, RecursionError):
+            header = None
+        if (
+            whole
+            or header is None
+            or header.get("type") != "header"
+            or not (_is_int(header.get("format")) and header["format"] == FORMAT_VERSION)
+            or _header_problem(header) is not None
+        ):
+            self._read_whole()
+            self._seq_before, self._hash_before = 0, ""
+        else:
+            self.header = header
+            self._seq_before, self._hash_before = _chain_start(header, first)
+
+    def _read_whole(self) -> None:
+        whole = _read_data(self._data, self._path)
+        self._rest = whole.batches
+        self.header, self.warnings = whole.header, whole.warnings
+        self.truncated, self.problem = whole.truncated, whole.problem
+
+    def __iter__(self) -> _Stream:
+        return self
+
+    def any(self) -> bool:
+        """Whether a batch is to come (the next one is read, and handed out next)."""
+        if self._ahead is None:
+            self._ahead = next(self, None)
+        return self._ahead is not None
+
+    def __next__(self) -> tuple[int, dict[str, Any]]:
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            return ahead
+        data = self._data
+        while self._rest is None and self._at < len(data):
+            self._number += 1
+            end = data.find(b"\n", self._at)
+            raw = data[self._at :] if end < 0 else data[self._at : end]
+            self._at = len(data) if end < 0 else end + 1
+            try:
+                record = _record(raw)
+            except (ValueError, RecursionError) as exc:
+                if end < 0:  # the last line, and the file does not end cleanly
+                    self.truncated = True
+                else:
+                    self.problem = f"line {self._number} is not a JSON record: {exc}"
+                self._at = len(data)  # no line after it is read
+                break
+            if (
+                record.get("type") != "batch"
+                or _batch_problem(record, True) is not None
+                or record["seq"] != self._seq_before + 1
+                or record["prev"] != self._hash_before  # where `_chain_problem` finds nothing
+            ):
+                self._read_whole()
+                break
+            self._seq_before, self._hash_before = record["seq"], line_hash(raw)
+            vouched, self._pending = self._pending, (self._number, record)
+            if vouched is not None:
+                self._handed += 1
+                return vouched
+        if self._rest is not None:
+            if self._handed < len(self._rest):
+                self._handed += 1
+                return self._rest[self._handed - 1]
+            raise StopIteration
+        if self._pending is not None:  # the last line read: nothing after it to vouch for it
+            vouched, self._pending = self._pending, None
+            self._handed += 1
+            return vouched
+        raise StopIteration
+
+    def finish(self) -> None:
+        """Read the rest of the file, past the batches handed out: `truncated` and `problem`
+        are then the whole file's."""
+        for _ in self:
+            pass
+
+
+def _stream(path: str | os.PathLike[str], *, whole: bool = False) -> _Stream:
+    """The recording at `path` to be read a line at a time (`whole`: as `_read` reads it)."""
+    return _Stream(Path(path).read_bytes(), path, whole=whole)
 
 
 def read_recording(
@@ -1632,19 +1757,25 @@ async def replay(
 ) -> ReplayReport:
     """Replay the recording at `path` through `dispatcher`'s passes without running any
     tool; report the first divergence, or the first problem of the file itself."""
-    recording = _read(path)
-    header, truncated, problem = recording.header, recording.truncated, recording.problem
+    return await _replay(_stream(path), dispatcher)
+
+
+async def _replay(recording: _Stream, dispatcher: Dispatcher) -> ReplayReport:
+    """`replay` of the recording as `recording` reads it."""
+    header = recording.header
     warnings = list(recording.warnings)
     fingerprint_ok = header.get("fingerprint") == dispatcher.registry.fingerprint()
     if "fingerprint" in header and not fingerprint_ok:
         warnings.append(_registry_drift(header, dispatcher.registry))
 
     def report(batches: int, calls: int, divergence: Divergence | None) -> ReplayReport:
+        recording.finish()  # what the file holds after the batches replayed
+        truncated, problem = recording.truncated, recording.problem
         return ReplayReport(
             batches, calls, divergence, truncated, fingerprint_ok, header, problem, tuple(warnings)
         )
 
-    if not recording.batches:  # nothing to replay (or a header that says nothing usable)
+    if not recording.any():  # nothing to replay (or a header that says nothing usable)
         return report(0, 0, None)
     # a session of its own, in no session store and not among the dispatcher's: a replay
     # starts from nothing each time, whatever ran through this dispatcher before
@@ -1652,7 +1783,7 @@ async def replay(
         dispatcher, f"replay:{header.get('session', '')}", mode=header.get("mode", "deferred"), kept=False
     )
     try:
-        return await _replay_batches(recording, dispatcher, session, report)
+        return await _replay_batches(header, recording, dispatcher, session, report)
     finally:
         session.close()
 
@@ -1693,17 +1824,19 @@ def _replayed_calls(
 
 
 async def _replay_batches(
-    recording: _Recording,
+    header: Mapping[str, Any],
+    batches: _Stream,
     dispatcher: Dispatcher,
     session: Session,
     report: Callable[[int, int, Divergence | None], ReplayReport],
 ) -> ReplayReport:
-    """The batches of `recording` through `session`, compared one by one."""
-    header = recording.header
+    """The `batches` (line, record) of a recording with `header` through `session`,
+    compared one by one."""
     calls_seen = 0
     continues = header.get("continues")
     last_run = continues.get("run") if isinstance(continues, dict) else None
-    for number, (line, batch) in enumerate(recording.batches, 1):
+    number = 0
+    for number, (line, batch) in enumerate(batches, 1):
         if last_run is not None and batch["run"] != last_run:
             session.new_run()
         last_run = batch["run"]
@@ -1747,4 +1880,4 @@ async def _replay_batches(
             expected = str(batch["control"])
             return report(number, calls_seen, Divergence(number, -1, "", expected, "None", "control", line))
         calls_seen += len(results)
-    return report(len(recording.batches), calls_seen, None)
+    return report(number, calls_seen, None)

@@ -1,0 +1,447 @@
+"""Replay's quick ways against its general ones: the recording read a line at a time
+against `_read`'s whole reading, the results served as recorded compared by identity
+against field by field, and a batch's calls read in one pass against `_replayed_call`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dispatcher import Deny, Dispatcher, DispatchInterrupted, HookBlocked, Registry, Tool, ToolCall
+from dispatcher._recording import (
+    _BatchServer,
+    _read_data,
+    _replay,
+    _replayed_call,
+    _replayed_calls,
+    _Stream,
+    line_hash,
+)
+
+from ._fakes import Counter, call, fake_registry, openai_call
+from .test_recording import SECRETS, _cutting_registry, _echo_registry, _secret_request, record_session
+
+# --- recordings to take apart ---------------------------------------------------------------
+
+
+async def _plain(path: Path) -> Callable[[], Registry]:
+    await record_session(path, Counter(), {"a": "v1"})
+    return lambda: fake_registry(Counter(), {})
+
+
+async def _cut(path: Path) -> Callable[[], Registry]:
+    s = Dispatcher(_cutting_registry()).session("cut", record=path)
+    await s.dispatch([call("a", "echo", text="before")])
+    for i, how in enumerate(["interrupt", "block", "keyboard"]):
+        calls = [
+            call(f"b{i}", "echo", text="one"),
+            call(f"c{i}", "cut", how=how),
+            call(f"d{i}", "echo", text="2"),
+        ]
+        with pytest.raises((DispatchInterrupted, HookBlocked, KeyboardInterrupt)):
+            await s.dispatch(calls)
+    await s.dispatch([call("e", "echo", text="after")])
+    s.close()
+    return _cutting_registry
+
+
+def _gated_registry() -> Registry:
+    reg = fake_registry(Counter(), {})
+    reg.add(Tool("risky", "r", lambda a, c: "ran", confirm=True, deferred=False))
+    return reg
+
+
+async def _gated(path: Path) -> Callable[[], Registry]:
+    d = Dispatcher(_gated_registry(), gate=lambda c, ctx: Deny("not now"))
+    s = d.session("g", record=path)
+    await s.dispatch([ToolCall("1", "risky", {}), call("2", "echo", text="x")])
+    await s.dispatch([ToolCall("3", "risky", {"why": "again"})])
+    s.close()
+    return _gated_registry
+
+
+async def _secret(path: Path) -> Callable[[], Registry]:
+    s = Dispatcher(_echo_registry(Counter())).session("rec", record=path)
+    token = {"Private-Token": SECRETS["openai"]}
+    await s.dispatch(
+        [_secret_request("1"), openai_call("2", "request", {"url": "https://api.test/", "headers": token})]
+    )
+    await s.dispatch([_secret_request("3")])
+    await s.dispatch([_secret_request("4", header=SECRETS["other"])])
+    s.close()
+    return lambda: _echo_registry(Counter())
+
+
+async def _continued(path: Path) -> Callable[[], Registry]:
+    d = Dispatcher(fake_registry(Counter(), {}))
+    await d.session("one", record=path).dispatch([call("1", "echo", text="x")])
+    await d.session("two", record=path).dispatch([call("2", "echo", text="y"), call("3", "echo", text="y")])
+    return lambda: fake_registry(Counter(), {})
+
+
+RECORDINGS = [_plain, _cut, _gated, _secret, _continued]
+
+
+# --- ways to take them apart ------------------------------------------------------------------
+
+
+def _lines(data: bytes) -> list[bytes]:
+    return data.split(b"\n")[:-1]
+
+
+def _joined(lines: list[bytes]) -> bytes:
+    return b"".join(line + b"\n" for line in lines)
+
+
+def _rechained(records: list[dict[str, Any]]) -> bytes:
+    """`records` as the recorder writes them, each `prev` the hash of the line before."""
+    lines: list[bytes] = []
+    for record in records:
+        if lines and "prev" in record:
+            record["prev"] = line_hash(lines[-1])
+        lines.append(json.dumps(record).encode())
+    return _joined(lines)
+
+
+def _edits(data: bytes) -> list[tuple[str, bytes]]:
+    """The recording `data` taken apart in many ways, each named."""
+    lines = _lines(data)
+    out: list[tuple[str, bytes]] = [("as recorded", data), ("no last newline", data[:-1])]
+    out += [("empty", b""), ("a newline", b"\n"), ("header only", lines[0] + b"\n")]
+    out += [("header, no newline", lines[0]), ("two newlines at the end", data + b"\n")]
+    out += [("crlf", data.replace(b"\n", b"\r\n")), ("garbage after", data + b'{"type": ')]
+    for i in range(len(lines)):
+        rest = lines[i + 1 :]
+        out.append((f"without line {i + 1}", _joined(lines[:i] + rest)))
+        out.append((f"line {i + 1} twice", _joined(lines[: i + 1] + lines[i:])))
+        out.append((f"cut in line {i + 1}", _joined(lines[:i]) + lines[i][: len(lines[i]) // 2]))
+        out.append((f"cut in line {i + 1}, then more", _joined([*lines[:i], lines[i][:-3], *rest])))
+        out.append((f"line {i + 1} emptied", _joined([*lines[:i], b"", *rest])))
+        for junk in (b"{}", b"[]", b"1", b'"x"', b"null", b'{"type": "batch"}', b"NaN", b"\xff\xfe"):
+            out.append((f"line {i + 1} is {junk!r}", _joined([*lines[:i], junk, *rest])))
+        if i + 1 < len(lines):
+            out.append(
+                (
+                    f"lines {i + 1} and {i + 2} swapped",
+                    _joined([*lines[:i], lines[i + 1], lines[i], *rest[1:]]),
+                )
+            )
+        out.append((f"blank line after {i + 1}", _joined([*lines[: i + 1], b"", *rest])))
+        record = json.loads(lines[i])
+        for name, change in _record_changes(record):
+            changed = [json.loads(line) for line in lines]
+            changed[i] = change(json.loads(lines[i]))
+            out.append(
+                (f"line {i + 1}: {name}", _joined([*lines[:i], json.dumps(changed[i]).encode(), *rest]))
+            )
+            out.append((f"line {i + 1}: {name}, chained again", _rechained(changed)))
+    return out
+
+
+def _set(path: tuple[Any, ...], value: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def change(record: dict[str, Any]) -> dict[str, Any]:
+        target: Any = record
+        for part in path[:-1]:
+            target = target[part]
+        if isinstance(target, dict | list):  # a result that never finished is None
+            target[path[-1]] = value
+        return record
+
+    return change
+
+
+def _drop(path: tuple[Any, ...]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def change(record: dict[str, Any]) -> dict[str, Any]:
+        target: Any = record
+        for part in path[:-1]:
+            target = target[part]
+        if isinstance(target, dict):
+            del target[path[-1]]
+        return record
+
+    return change
+
+
+def _record_changes(
+    record: Mapping[str, Any],
+) -> list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]]:
+    """Edits of one record, each changing one field the reader or replay looks at."""
+    changes: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = []
+    for key, value in [("seq", 99), ("seq", 1.0), ("seq", True), ("prev", "0" * 16), ("prev", 5)]:
+        changes.append((f"{key} {value!r}", _set((key,), value)))
+    changes.append(("a second header", _set(("type",), "header")))
+    changes.append(("a note", _set(("type",), "note")))
+    changes.append(("no type", _drop(("type",))))
+    if record.get("type") == "header":
+        for key, value in [("format", 1), ("format", 3), ("format", 2.0), ("mode", "sideways"), ("seq", 1)]:
+            changes.append((f"header {key} {value!r}", _set((key,), value)))
+        changes.append(("header continues", _set(("continues",), {"seq": 7, "run": 3})))
+        changes.append(("header meta", _set(("meta",), [])))
+        return changes
+    if record.get("type") != "batch":
+        return changes
+    for key, value in [
+        ("run", 2**70),
+        ("run", "1"),
+        ("round", 1.5),
+        ("control", "HookBlocked"),
+        ("control", 3),
+    ]:
+        changes.append((f"{key} {value!r}", _set((key,), value)))
+    changes.append(("decisions", _set(("decisions",), {"x": {"deny": "no"}})))
+    changes.append(("decisions not objects", _set(("decisions",), {"x": 1})))
+    changes.append(("all loaded", _set(("all_loaded",), True)))
+    changes.append(("no calls", _set(("calls",), [])))
+    for n in range(len(record.get("calls", []))):
+        for key, value in [("status", "failed"), ("status", "nope"), ("content", "other"), ("name", "other")]:
+            changes.append((f"results[{n}].{key} {value!r}", _set(("results", n, key), value)))
+        for key, value in [("deduped", True), ("cached", True), ("retryable", "yes"), ("duration", "1")]:
+            changes.append((f"results[{n}].{key} {value!r}", _set(("results", n, key), value)))
+        changes.append((f"results[{n}] none", _set(("results", n), None)))
+        changes.append((f"results[{n}] no call_id", _drop(("results", n, "call_id"))))
+        for key, value in [("how", "ran"), ("how", "deduped"), ("how", "unfinished"), ("how", "stopped")]:
+            changes.append((f"plan[{n}].{key} {value!r}", _set(("plan", n, key), value)))
+        for key, value in [("key", None), ("key", "f" * 32), ("key", 3), ("name", "echo"), ("name", "other")]:
+            changes.append((f"plan[{n}].{key} {value!r}", _set(("plan", n, key), value)))
+        for key, value in [("arguments", '{"text": "z"}'), ("arguments", ""), ("arguments", {"text": "x"})]:
+            changes.append((f"calls[{n}].{key} {value!r}", _set(("calls", n, key), value)))
+        changes.append((f"calls[{n}].id", _set(("calls", n, "id"), 7)))
+        changes.append((f"calls[{n}].opaque", _set(("calls", n, "opaque"), True)))
+        changes.append((f"calls[{n}] raw", _set(("calls", n), {"raw": {"id": "r", "name": "echo"}})))
+    return changes
+
+
+# --- the reader ---------------------------------------------------------------------------------
+
+
+def _read_by_stream(data: bytes, *, peek: bool) -> tuple[Any, ...]:
+    stream = _Stream(data, "rec.jsonl")
+    if peek:
+        stream.any()
+        stream.any()
+    batches = list(stream)
+    assert next(stream, None) is None and not stream.any()
+    return stream.header, batches, stream.truncated, stream.problem, stream.warnings
+
+
+def _read_whole(data: bytes) -> tuple[Any, ...]:
+    whole = _read_data(data, "rec.jsonl")
+    return whole.header, whole.batches, whole.truncated, whole.problem, whole.warnings
+
+
+@pytest.mark.parametrize("recording", RECORDINGS)
+async def test_a_recording_read_a_line_at_a_time_reads_as_read_whole(tmp_path: Path, recording: Any) -> None:
+    """However a recording is edited, cut or garbled, reading it a line at a time finds the
+    header, batches (lines and records), truncation, problem and warnings of a whole reading."""
+    path = tmp_path / "r.jsonl"
+    await recording(path)
+    for name, data in _edits(path.read_bytes()):
+        whole = _read_whole(data)
+        assert _read_by_stream(data, peek=False) == whole, name
+        assert _read_by_stream(data, peek=True) == whole, name
+
+
+@pytest.mark.parametrize("recording", [_plain, _cut])
+async def test_a_recording_cut_anywhere_reads_as_read_whole(tmp_path: Path, recording: Any) -> None:
+    """A recording cut after any byte, or with any byte changed, reads the same both ways."""
+    path = tmp_path / "r.jsonl"
+    await recording(path)
+    data = path.read_bytes()
+    for end in range(len(data) + 1):
+        assert _read_by_stream(data[:end], peek=False) == _read_whole(data[:end]), end
+    for at in range(0, len(data), 7):
+        for byte in (b"\n", b"0", b"}", b"\x80"):
+            changed = data[:at] + byte + data[at + 1 :]
+            assert _read_by_stream(changed, peek=False) == _read_whole(changed), (at, byte)
+
+
+@given(
+    st.lists(
+        st.sampled_from([b"", b"{}", b"[", b"x", b"\n", b"\n\n", b'{"type":"batch"}', b"\xff"]), max_size=6
+    )
+)
+@settings(max_examples=200, deadline=None)
+def test_junk_reads_the_same_both_ways(pieces: list[bytes]) -> None:
+    """Junk after a well-formed header, in any mix, reads the same both ways."""
+    header = b'{"type": "header", "format": 2, "seq": 0, "mode": "direct"}\n'
+    data = header + b"".join(pieces)
+    assert _read_by_stream(data, peek=False) == _read_whole(data)
+
+
+# --- replay -------------------------------------------------------------------------------------
+
+
+class _NeverServed(list[Any]):
+    """A `served` list that never holds what was served: every result is compared field by field."""
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        super().__setitem__(index, object())
+
+
+def _general_server(self: _BatchServer) -> None:
+    self.served = _NeverServed([None] * len(self.recorded))
+    self.cutting = self.control in {"DispatchInterrupted", "HookBlocked", "KeyboardInterrupt"}
+
+
+async def _replay_both(
+    data: bytes, registry: Callable[[], Registry], monkeypatch: pytest.MonkeyPatch, **dispatcher: Any
+) -> Any:
+    """The report of replaying `data` the quick way; asserts the general way reports the same."""
+    quick = await _replay(_Stream(data, "rec.jsonl"), Dispatcher(registry(), **dispatcher))
+    with monkeypatch.context() as m:
+        m.setattr(_BatchServer, "__attrs_post_init__", _general_server)
+        general = await _replay(_Stream(data, "rec.jsonl", whole=True), Dispatcher(registry(), **dispatcher))
+    assert quick == general
+    return quick
+
+
+@pytest.mark.parametrize("recording", RECORDINGS)
+async def test_a_recording_taken_apart_replays_as_the_general_way_replays_it(
+    tmp_path: Path, recording: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every edit of every field replay compares, every cut and every garbled line: the same
+    report (batches, calls, divergence, truncation, problem, warnings) read a line at a time
+    and served results compared by identity, as read whole and compared field by field."""
+    path = tmp_path / "r.jsonl"
+    registry = await recording(path)
+    data = path.read_bytes()
+    assert (await _replay_both(data, registry, monkeypatch)).ok
+    seen: set[Any] = set()
+    for name, edited in _edits(data):
+        try:
+            report = await _replay_both(edited, registry, monkeypatch)
+        except KeyboardInterrupt:  # an edit that makes a Ctrl-C the replay's own: both raise it
+            with pytest.raises(KeyboardInterrupt):
+                await _replay(_Stream(edited, "rec.jsonl", whole=True), Dispatcher(registry()))
+            continue
+        except Exception as exc:
+            raise AssertionError(name) from exc
+        div = report.divergence
+        seen.add((div and div.field, report.problem is not None, report.truncated))
+    fields = {field for field, _, _ in seen}
+    assert {"content", "status", "name", "how", "key"} <= fields or recording is not _plain, fields
+
+
+@pytest.mark.parametrize("recording", RECORDINGS)
+async def test_other_tools_at_replay_report_the_same_both_ways(
+    tmp_path: Path, recording: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tools that answer otherwise at replay, a rewriter, a tool removed: the same report."""
+    path = tmp_path / "r.jsonl"
+    registry = await recording(path)
+    data = path.read_bytes()
+
+    def louder() -> Registry:
+        reg = registry()
+        for name in reg.names():
+            if name in ("echo", "request", "read"):
+                reg.add(attrs.evolve(reg.get(name), handler=lambda a, c: "LOUD"), replace=True)
+        return reg
+
+    def fewer() -> Registry:
+        reg = registry()
+        reg.remove(sorted(reg.names())[0])
+        return reg
+
+    def upper(event: Any, state: Any) -> None:
+        return None
+
+    await _replay_both(data, louder, monkeypatch)
+    await _replay_both(data, fewer, monkeypatch)
+    await _replay_both(data, registry, monkeypatch, rewriters=[upper])
+    for end in (len(data) - 5, len(data) // 2):
+        await _replay_both(data[:end], louder, monkeypatch)
+
+
+async def test_a_divergence_early_still_reports_a_problem_late(tmp_path: Path) -> None:
+    """A divergence early and a garbled line at the end: both are in the report, as the
+    whole file was read."""
+    path = tmp_path / "r.jsonl"
+    await record_session(path, Counter(), {"a": "v1"})
+    lines = _lines(path.read_bytes())
+    records = [json.loads(line) for line in lines]
+    records[1]["results"][1]["content"] = "not x"
+    data = _rechained(records)
+    garbled = data + b"{garbled\n"
+    report = await _replay(_Stream(garbled, "r.jsonl"), Dispatcher(fake_registry(Counter(), {})))
+    assert report.divergence is not None and report.divergence.batch == 3  # served "not x", deduped
+    assert report.problem is not None and report.problem.startswith("line 6 is not a JSON record: ")
+    cut = await _replay(_Stream(data[:-9], "r.jsonl"), Dispatcher(fake_registry(Counter(), {})))
+    assert cut.divergence is not None and cut.truncated and cut.problem is None
+
+
+async def test_a_stream_hands_out_no_batch_before_the_next_line_vouches_for_it(tmp_path: Path) -> None:
+    """The last batch read waits for the line after it: an edit it shows stops that batch
+    from replaying, as a whole reading stops it."""
+    path = tmp_path / "r.jsonl"
+    await record_session(path, Counter(), {"a": "v1"})
+    lines = _lines(path.read_bytes())
+    records = [json.loads(line) for line in lines]
+    records[2]["results"][0]["content"] = "edited"  # its hash no longer matches line 4's prev
+    data = _joined([*lines[:2], json.dumps(records[2]).encode(), *lines[3:]])
+    stream = _Stream(data, "r.jsonl")
+    assert [line for line, _ in stream] == [2]
+    assert stream.problem == "line 3: edited (its hash does not match the next record's prev)"
+
+
+# --- a batch's calls ------------------------------------------------------------------------------
+
+_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.text(max_size=5), st.sampled_from(['{"a": 1}', "{}", "[1]"])
+)
+_CALLS = st.dictionaries(
+    st.sampled_from(["id", "name", "arguments", "raw", "opaque", "unreadable", "other"]), _VALUES, max_size=5
+)
+
+
+_PLAIN = st.fixed_dictionaries(
+    {
+        "id": st.text(max_size=3),
+        "name": st.text(max_size=3),
+        "arguments": st.sampled_from(['{"a": 1}', "{}", "x"]),
+    },
+    optional={key: _VALUES for key in ("raw", "opaque", "unreadable", "other")},
+)
+
+
+@given(
+    st.lists(st.one_of(_CALLS, _PLAIN), max_size=4),
+    st.lists(st.sampled_from(["ran", "stopped", "deduped"]), max_size=4),
+)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_batchs_calls_read_in_one_pass_are_those_replayed_call_makes(recorded: Any, hows: Any) -> None:
+    """For recorded calls of any shape: the calls `_replayed_call` makes, the ids as replay
+    names them, and the texts only when every call's arguments are text."""
+    plan = [{"how": hows[i % len(hows)] if hows else "ran", "name": "n"} for i in range(len(recorded))]
+    session = Dispatcher(fake_registry(Counter(), {})).session("s")
+    calls, ids, texts = _replayed_calls(recorded, plan, session)
+    assert calls == [_replayed_call(c) for c in recorded]
+    assert [type(c) for c in calls] == [type(_replayed_call(c)) for c in recorded]
+    assert ids == [str(c.get("id", "")) for c in recorded]
+    arguments = [c.get("arguments") for c in recorded]
+    assert texts == (arguments if all(type(a) is str for a in arguments) else None)
+    stopped = {ids[i] for i, row in enumerate(plan) if row["how"] == "stopped"}
+    assert set(session._planner_state.finished) == stopped
+
+
+async def test_a_secret_in_a_served_result_is_compared_as_the_general_way_compares_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recording edited to hold a secret itself, in a call and in its served result (the
+    chain made again): the general way redacts the result before comparing, and so
+    diverges; the identity check must not skip that."""
+    path = tmp_path / "r.jsonl"
+    registry = await _secret(path)
+    records = [json.loads(line) for line in _lines(path.read_bytes())]
+    records[1]["calls"][0]["arguments"]["headers"]["X-Api-Key"] = SECRETS["header"]
+    records[1]["results"][0]["content"] = "echoed " + SECRETS["header"]
+    report = await _replay_both(_rechained(records), registry, monkeypatch)
+    assert report.divergence is not None and report.divergence.field == "content", report
+    assert (report.divergence.batch, report.divergence.index) == (1, 0)
