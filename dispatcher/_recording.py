@@ -1107,39 +1107,41 @@ def _header_problem(header: Mapping[str, Any]) -> str | None:
 def _well_formed(record: Mapping[str, Any], chained: bool) -> bool:
     """True only where `_batch_problem` finds nothing: its checks, quickly, for the record
     as the recorder writes it (exact types); anything else is left to `_batch_problem`."""
-    try:
+    try:  # a field missing (KeyError) or a status that is no text (TypeError): not the usual record
         run, calls, plan, results = record["run"], record["calls"], record["plan"], record["results"]
-        if chained:
-            seq, prev = record["seq"], record["prev"]
-    except KeyError:
+        if chained and (type(record["seq"]) is not int or type(record["prev"]) is not str):
+            return False
+        if (
+            type(run) is not int
+            or type(calls) is not list
+            or type(plan) is not list
+            or type(results) is not list
+        ):
+            return False
+        if not len(calls) == len(plan) == len(results):
+            return False
+        for call in calls:
+            if type(call) is not dict:
+                return False
+        for row in plan:
+            if type(row) is not dict or type(row["how"]) is not str or type(row["name"]) is not str:
+                return False
+            key = row["key"]
+            if key is not None and type(key) is not str:
+                return False
+        for result in results:
+            if result is None:
+                continue
+            if type(result) is not dict or result["status"] not in _STATUSES:
+                return False
+            if type(result.get("duration", 0.0)) not in (float, int):
+                return False
+            if type(result["call_id"]) is not str or type(result["name"]) is not str:
+                return False
+            if type(result["content"]) is not str:
+                return False
+    except (KeyError, TypeError):
         return False
-    if type(run) is not int or type(calls) is not list or type(plan) is not list or type(results) is not list:
-        return False
-    if not len(calls) == len(plan) == len(results):
-        return False
-    if chained and (type(seq) is not int or type(prev) is not str):
-        return False
-    for call in calls:
-        if type(call) is not dict:
-            return False
-    for row in plan:
-        if type(row) is not dict or type(row.get("how")) is not str or type(row.get("name")) is not str:
-            return False
-        if "key" not in row or (row["key"] is not None and type(row["key"]) is not str):
-            return False
-    for result in results:
-        if result is None:
-            continue
-        if type(result) is not dict:
-            return False
-        get = result.get
-        status = get("status")
-        if type(status) is not str or status not in _STATUSES:
-            return False
-        if type(get("duration", 0.0)) not in (float, int):
-            return False
-        if type(get("call_id")) is not str or type(get("name")) is not str or type(get("content")) is not str:
-            return False
     decisions = record.get("decisions", {})
     return type(decisions) is dict and all(type(d) is dict for d in decisions.values())
 
@@ -1253,7 +1255,8 @@ def _record_widened(record: dict[str, Any]) -> bool:
             as_text = type(call) is dict and type(call.get("arguments")) is str and len(call) == 3
             if not as_text and _widened(call):
                 return True
-    return _widened(get("decisions")) or _widened(get("meta"))
+    decisions, meta = get("decisions"), get("meta")  # most often empty, or not there
+    return bool(decisions and _widened(decisions)) or bool(meta and _widened(meta))
 
 
 def _loads(raw: bytes) -> Any:
@@ -1751,6 +1754,9 @@ def _recorded_gate(decisions: Mapping[str, Any]) -> Any:
     return gate
 
 
+_UNDECIDED = _recorded_gate({})  # the gate of the many batches that recorded no decision
+
+
 async def replay(
     path: str | os.PathLike[str],
     dispatcher: Dispatcher,
@@ -1851,10 +1857,11 @@ async def _replay_batches(
         )
         control = batch.get("control")
         serve = _BatchServer(number, line, batch["plan"], batch["results"], clean=clean, control=control)
-        gate = _recorded_gate(batch.get("decisions", {}))
+        decisions = batch.get("decisions", {})
+        gate = _recorded_gate(decisions) if decisions else _UNDECIDED
         answers = {
             k: Answer(v["answer"])
-            for k, v in batch.get("decisions", {}).items()
+            for k, v in decisions.items()
             if isinstance(v, Mapping) and isinstance(v.get("answer"), str)
         }
         try:

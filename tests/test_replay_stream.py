@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import dispatcher._recording as recording_module
 from dispatcher import Deny, Dispatcher, DispatchInterrupted, HookBlocked, Registry, Tool, ToolCall
 from dispatcher._recording import (
     _BatchServer,
@@ -445,3 +446,100 @@ async def test_a_secret_in_a_served_result_is_compared_as_the_general_way_compar
     report = await _replay_both(_rechained(records), registry, monkeypatch)
     assert report.divergence is not None and report.divergence.field == "content", report
     assert (report.divergence.batch, report.divergence.index) == (1, 0)
+
+
+# --- a batch record's shape ---------------------------------------------------------------------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=3), inner, max_size=2),
+    max_leaves=4,
+)
+_TEXT_OR_NOT = st.one_of(st.text(max_size=3), _JSON)
+_RESULT = st.fixed_dictionaries(
+    {},
+    optional={
+        "call_id": _TEXT_OR_NOT,
+        "name": _TEXT_OR_NOT,
+        "status": st.one_of(st.sampled_from(["ok", "failed", "denied", "nope"]), _JSON),
+        "content": _TEXT_OR_NOT,
+        "duration": st.one_of(st.floats(allow_nan=False), st.integers(), _JSON),
+    },
+)
+_ROW = st.fixed_dictionaries(
+    {}, optional={"name": _TEXT_OR_NOT, "key": st.one_of(st.none(), _TEXT_OR_NOT), "how": _TEXT_OR_NOT}
+)
+
+
+@st.composite
+def _batch_records(draw: Any) -> dict[str, Any]:
+    n = draw(st.integers(0, 3))
+    record: dict[str, Any] = {
+        "run": draw(st.one_of(st.integers(), _JSON)),
+        "calls": draw(st.one_of(st.lists(st.one_of(st.just({}), _JSON), min_size=n, max_size=n), _JSON)),
+        "plan": draw(st.one_of(st.lists(st.one_of(_ROW, _JSON), min_size=n, max_size=n), _JSON)),
+        "results": draw(
+            st.one_of(st.lists(st.one_of(st.none(), _RESULT, _JSON), min_size=n, max_size=n), _JSON)
+        ),
+        "seq": draw(st.one_of(st.integers(), _JSON)),
+        "prev": draw(_TEXT_OR_NOT),
+        "decisions": draw(
+            st.one_of(st.dictionaries(st.text(max_size=2), st.one_of(st.just({}), _JSON)), _JSON)
+        ),
+    }
+    for name in draw(st.lists(st.sampled_from(sorted(record)), max_size=2)):
+        record.pop(name, None)
+    return record
+
+
+def _problem_found_in_full(record: Mapping[str, Any], chained: bool) -> str | None:
+    """`_batch_problem` without its quick check: every field looked at in turn."""
+    real = recording_module._well_formed
+    recording_module._well_formed = lambda record, chained: False
+    try:
+        return recording_module._batch_problem(record, chained)
+    finally:
+        recording_module._well_formed = real
+
+
+@given(_batch_records(), st.booleans())
+@settings(max_examples=1500, deadline=None)
+def test_a_record_taken_as_well_formed_has_no_problem(record: dict[str, Any], chained: bool) -> None:
+    """`_well_formed`, the quick check, says a record is well formed only where
+    `_batch_problem` finds nothing wrong with it."""
+    if recording_module._well_formed(record, chained):
+        assert _problem_found_in_full(record, chained) is None
+
+
+_JUNK = [None, 0, 1, 1.0, 1.5, True, False, "", "x", "ok", [], [1], {}, {"a": 1}, 2**70, "\ud800"]
+
+
+def _field_paths(record: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    paths: list[tuple[Any, ...]] = [(name,) for name in ("run", "calls", "plan", "results", "seq", "prev")]
+    paths.append(("decisions",))
+    for n in range(len(record["calls"])):
+        paths += [("calls", n), ("plan", n), ("results", n)]
+        paths += [("plan", n, name) for name in ("name", "key", "how")]
+        paths += [("results", n, name) for name in ("call_id", "name", "status", "content", "duration")]
+    return paths
+
+
+@pytest.mark.parametrize("recording", RECORDINGS)
+async def test_a_record_changed_in_any_field_is_well_formed_only_if_it_has_no_problem(
+    tmp_path: Path, recording: Any
+) -> None:
+    """Every field `_batch_problem` checks, set to every kind of JSON value or removed: the
+    quick check says well formed only where `_batch_problem` finds nothing, and says so of
+    every record as the recorder writes it."""
+    path = tmp_path / "r.jsonl"
+    await recording(path)
+    well_formed = recording_module._well_formed
+    for line in _lines(path.read_bytes())[1:]:
+        record = json.loads(line)
+        assert well_formed(record, True) and well_formed(record, False)
+        for field in _field_paths(record):
+            for change in [_drop(field), *(_set(field, junk) for junk in _JUNK)]:
+                changed = change(json.loads(line))
+                for chained in (True, False):
+                    if well_formed(changed, chained):
+                        assert _problem_found_in_full(changed, chained) is None, (field, changed)
