@@ -111,14 +111,18 @@ def _rechained(records: list[dict[str, Any]]) -> bytes:
     return _joined(lines)
 
 
-def _edits(data: bytes) -> list[tuple[str, bytes]]:
-    """The recording `data` taken apart in many ways, each named."""
+def _edits(data: bytes, ends: int | None = None) -> list[tuple[str, bytes]]:
+    """The recording `data` taken apart in many ways, each named; with `ends`, each line's
+    own edits only for its first and last `ends` lines (the header, the first batches,
+    the last, which a stream reads unlike the lines between)."""
     lines = _lines(data)
     out: list[tuple[str, bytes]] = [("as recorded", data), ("no last newline", data[:-1])]
     out += [("empty", b""), ("a newline", b"\n"), ("header only", lines[0] + b"\n")]
     out += [("header, no newline", lines[0]), ("two newlines at the end", data + b"\n")]
     out += [("crlf", data.replace(b"\n", b"\r\n")), ("garbage after", data + b'{"type": ')]
     for i in range(len(lines)):
+        if ends is not None and ends <= i < len(lines) - ends:
+            continue
         rest = lines[i + 1 :]
         out.append((f"without line {i + 1}", _joined(lines[:i] + rest)))
         out.append((f"line {i + 1} twice", _joined(lines[: i + 1] + lines[i:])))
@@ -303,6 +307,8 @@ async def _replay_both(
     return quick
 
 
+# on trio alone: what is compared is the reading and the comparison, which no loop changes
+@pytest.mark.parametrize("anyio_backend", ["trio"])
 @pytest.mark.parametrize("recording", RECORDINGS)
 async def test_a_recording_taken_apart_replays_as_the_general_way_replays_it(
     tmp_path: Path, recording: Any, monkeypatch: pytest.MonkeyPatch
@@ -315,7 +321,7 @@ async def test_a_recording_taken_apart_replays_as_the_general_way_replays_it(
     data = path.read_bytes()
     assert (await _replay_both(data, registry, monkeypatch)).ok
     seen: set[Any] = set()
-    for name, edited in _edits(data):
+    for name, edited in _edits(data, ends=2):
         try:
             report = await _replay_both(edited, registry, monkeypatch)
         except KeyboardInterrupt:  # an edit that makes a Ctrl-C the replay's own: both raise it
@@ -503,7 +509,7 @@ def _problem_found_in_full(record: Mapping[str, Any], chained: bool) -> str | No
 
 
 @given(_batch_records(), st.booleans())
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=300, deadline=None)
 def test_a_record_taken_as_well_formed_has_no_problem(record: dict[str, Any], chained: bool) -> None:
     """`_well_formed`, the quick check, says a record is well formed only where
     `_batch_problem` finds nothing wrong with it."""
