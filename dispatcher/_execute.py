@@ -699,6 +699,7 @@ class Executor:
             except BaseException as exc:
                 self._land_raised(planned, slot, exc, started, t0)
             finally:
+                value = None  # let go before the next call runs, as a frame a call would
                 if waiting():
                     self._done_with(slot, borrower)  # which gives the slot back
                 else:

@@ -484,8 +484,10 @@ def maker(cls: type[Any]) -> Callable[..., Any]:
     `cls` that adds nothing but the plain `__setattr__` (so each field is the
     interpreter's own slot store, not a frozen class's `object.__setattr__` or a call of
     the slot's descriptor), then makes it a `cls`. The instance is the same in every
-    respect (class, fields, equality, hash, repr), and costs half what the slot
-    descriptors' way does."""
+    respect (class, fields, equality, hash, repr, pickling), and costs half what the slot
+    descriptors' way does. The subclass shows in `cls.__subclasses__()`: CPython lets an
+    instance's class change only to one of the same layout, and with a `__weakref__`
+    slot only a subclass that adds nothing has it."""
     fields = attrs.fields(cls)
     if any(f.validator is not None or f.converter is not None for f in fields):  # pragma: no cover
         raise TypeError(f"{cls.__name__} validates or converts a field: its __init__ must run")
