@@ -420,6 +420,21 @@ class _Batch:
         self.pending_writes: list[str] = []
 
 
+def _cached_result(
+    d: Draft, cached: Mapping[str, CacheEntry], pending_writes: list[str]
+) -> ToolResult | None:
+    """The result the result cache holds for `d` (it has a cache key), unless a write of this
+    batch touches what it read."""
+    hit = cached.get(d.cache_key or "")
+    if hit is not None and not isinstance(hit, CacheEntry):
+        log.warning("result cache returned %s, not a CacheEntry; treated as a miss", shown(hit))
+        return None
+    if hit is None or (pending_writes and resources_overlap(hit.reads, pending_writes)):
+        return None
+    # ToolResult(d.call_id, d.name, ok, hit.content, cached=True), field by field
+    return new_result(d.call_id, d.name, _OK, hit.content, False, False, True, False, None, 0.0)
+
+
 class Planner:
     """Pass 1 for one batch. Construct, then call the steps in order (the session does)."""
 
@@ -714,7 +729,7 @@ class Planner:
                     d.sent_json = sent_json
                     d.key = d.arrived_key = key
                     d.concurrent = entry.tool.concurrent is True
-                    d.plain = policy is None  # a cached call is looked up the general way
+                    d.plain = True  # looked up in place, in the result cache too (`resolve`)
                     keyed.append(d)
                     continue
             if self._key(d, entry):  # the key, for the store's lookup
@@ -747,7 +762,7 @@ class Planner:
             entry = d.entry
             assert entry is not None
             if d.plain and in_place:
-                # `_look_up` for a call that writes nothing, has no `force` and no cache key
+                # `_look_up` for a call that writes nothing and has no `force`
                 key = d.key
                 assert key is not None
                 leader = leaders.get(key)
@@ -761,6 +776,10 @@ class Planner:
                 ):
                     d.step = "decided"
                     d.outcome = _served_again(found.result, d.call_id)
+                    continue
+                if d.cache_key is not None and (hit := _cached_result(d, cached, pending_writes)) is not None:
+                    d.step = "decided"
+                    d.outcome = hit
                     continue
                 leaders[key] = d
                 # `_validate` where jsonschema-rs says valid and is sure to agree
@@ -986,17 +1005,9 @@ class Planner:
         if found is not None and not (pending_writes and resources_overlap(found.reads, pending_writes)):
             d.decide(_served_again(found.result, d.call_id))
             return True
-        if d.cache_key is not None:
-            hit = cached.get(d.cache_key)
-            if hit is not None and not isinstance(hit, CacheEntry):
-                log.warning("result cache returned %s, not a CacheEntry; treated as a miss", shown(hit))
-                hit = None
-            if hit is not None and not (pending_writes and resources_overlap(hit.reads, pending_writes)):
-                # ToolResult(d.call_id, d.name, ok, hit.content, cached=True), field by field
-                d.decide(
-                    new_result(d.call_id, d.name, _OK, hit.content, False, False, True, False, None, 0.0)
-                )
-                return True
+        if d.cache_key is not None and (hit := _cached_result(d, cached, pending_writes)) is not None:
+            d.decide(hit)
+            return True
         return False
 
     def _validate(self, d: Draft, entry: RegisteredTool) -> bool:
