@@ -1606,7 +1606,8 @@ class _BatchServer:
 
     def __attrs_post_init__(self) -> None:
         self.served = [_UNSERVED] * len(self.recorded)
-        self.cutting = self.control in _CUTS
+        # an edited record may hold anything there, a list say, which no set can be asked about
+        self.cutting = type(self.control) is str and self.control in _CUTS
 
     def _cut_here(self, planned: PlannedCall) -> bool:
         """Whether `planned` is a call left unfinished when a tool's own run control (an

@@ -198,6 +198,8 @@ def _record_changes(
         ("round", 1.5),
         ("control", "HookBlocked"),
         ("control", 3),
+        ("control", []),
+        ("control", {"type": "HookBlocked"}),
     ]:
         changes.append((f"{key} {value!r}", _set((key,), value)))
     changes.append(("decisions", _set(("decisions",), {"x": {"deny": "no"}})))
@@ -292,7 +294,7 @@ class _NeverServed(list[Any]):
 
 def _general_server(self: _BatchServer) -> None:
     self.served = _NeverServed([None] * len(self.recorded))
-    self.cutting = self.control in {"DispatchInterrupted", "HookBlocked", "KeyboardInterrupt"}
+    self.cutting = self.control in ("DispatchInterrupted", "HookBlocked", "KeyboardInterrupt")
 
 
 async def _replay_both(
