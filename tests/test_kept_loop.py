@@ -143,7 +143,7 @@ async def _outcome(d: Dispatcher, items: list[dict[str, Any]], batches: int) -> 
     return seen, history, s.statistics().executed
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_items, st.integers(1, 3), st.integers(1, 2))
 def test_the_kept_loop_answers_as_the_general_path(
     picks: list[tuple[str, int, int]], limit: int, batches: int
