@@ -289,11 +289,10 @@ class Executor:
         return control
 
     def _timeout_of(self, planned: PlannedCall) -> float:
-        tool = planned.tool
-        return (tool.tool.timeout if tool is not None else None) or self._timeout
+        return self._tool_timeout(planned.tool)
 
     def _tool_timeout(self, tool: RegisteredTool | None) -> float:
-        """`_timeout_of` a call of `tool`."""
+        """The timeout of a call of `tool`: its own, else the dispatcher's."""
         return (tool.tool.timeout if tool is not None else None) or self._timeout
 
     async def run(self, plan: Plan) -> None:
@@ -810,8 +809,9 @@ class Executor:
         cancellation leaves `slot` (None: a call run alone by `_run_alone`) saying what
         runs, for the worker that reports the timeout. A cancellation is the call's when
         its slot was cut or the task is being cancelled; else, past the call's `deadline`
-        (its own scope's), its timeout, however it took the cut; else a CancelledError the
-        tool raised itself (asyncio: it awaited something else cancelled), its failure."""
+        (its own scope's), its timeout, however it took the cut; else a cancellation the
+        tool raised itself (on asyncio, having awaited something else cancelled; on trio, one
+        it kept from a scope of its own), its failure."""
         if _is_cancellation(exc):
             if (slot is not None and slot.cut) or _backend.cancellation_pending():
                 raise exc  # the worker reports a timeout from what the slot says is running

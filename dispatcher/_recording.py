@@ -1474,9 +1474,9 @@ class _Stream:
             pass
 
 
-def _stream(path: str | os.PathLike[str], *, whole: bool = False) -> _Stream:
-    """The recording at `path` to be read a line at a time (`whole`: as `_read` reads it)."""
-    return _Stream(Path(path).read_bytes(), path, whole=whole)
+def _stream(path: str | os.PathLike[str]) -> _Stream:
+    """The recording at `path` to be read a line at a time."""
+    return _Stream(Path(path).read_bytes(), path)
 
 
 def read_recording(
@@ -1656,9 +1656,7 @@ class _BatchServer:
     def serve_now(self, planned: PlannedCall) -> ToolResult | None:
         """Pass 2's quick way for a recorded result: at once, with nothing to run (None for
         `find_tools`, which runs for real)."""
-        if (planned.name == FIND_TOOLS and planned.tool is not None) or (
-            self.cutting and self._cut_here(planned)
-        ):
+        if (planned.name == FIND_TOOLS and planned.tool is not None) or self._cut_here(planned):
             return None
         return self._recorded(planned)[0]
 
