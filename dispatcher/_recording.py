@@ -92,7 +92,9 @@ if TYPE_CHECKING:
 
 __all__ = ["FORMAT_VERSION", "Divergence", "Recorder", "ReplayReport", "read_recording", "replay"]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+_CHAINED_FORMATS = (3, 2)  # 2: before `rows` records
+_OLDER_FORMATS = (2, 1)  # read, and gone on with in their own kind of record
 _UNCHAINED_FORMAT = 1  # before the hash chain: replayed, with a warning
 _PRIVATE_FILE = 0o600
 _OPAQUE = "$opaque"  # the tag of a value JSON cannot hold, in a record marked "opaque"
@@ -360,31 +362,58 @@ def _defaults_may_hold_credentials(defaults: Mapping[str, Any]) -> bool:
 _STATUS_TEXT = {s: s.value for s in Status}
 
 
-def _plain_record(
+def _common_rows(
     calls: Sequence[Any],
     planned: Sequence[PlannedCall],
     results: Sequence[ToolResult | None],
     rewritten: bool = True,
     apart: bool = True,
-) -> tuple[Any, Any, Any] | None:
-    """The calls, plan rows and results of the common batch, which holds nothing to redact:
-    every call the OpenAI chat shape with JSON text, pass 1's canonical arguments for each,
-    no credential in any of them (one scan for the whole batch) nor in the defaults of
-    their tools. None for any other batch, which `_record_of` builds part by part; both
-    build the same record for a batch this one takes. Only when a rewriter may have
-    changed the arguments (`rewritten`) are pass 1's scanned too: otherwise they hold no
-    text the calls' own does not (unescaped: text with an escape is scanned further
-    anyway). From `_ENCODED_FROM` calls, unless not `apart`, each list is encoded as soon
-    as it is made (`_encoded`): a large batch's rows are then never all alive at once,
-    which would set off a garbage collection in most such batches and so promote the
-    session's newest history on and on."""
+) -> list[Any] | orjson.Fragment | None:
+    """The rows of the common batch's `rows` record (`_ROW`), which holds nothing to
+    redact: every call the OpenAI chat shape with an id, a name and JSON text, planned and
+    answered under that id and name, pass 1's canonical arguments for each, its result a
+    `ToolResult` or none, and no credential in any of them (one scan for the whole batch)
+    nor in the defaults of their tools. None for any other batch, which `_record_of`
+    builds part by part as a `batch` record; `_batch_of_rows` reads these rows back as
+    that record. Only when a rewriter may have changed the arguments (`rewritten`) are
+    pass 1's scanned too: otherwise they hold no text the calls' own does not
+    (unescaped: text with an escape is scanned further anyway). From `_ENCODED_FROM`
+    calls, unless not `apart`, the rows are encoded as soon as they are made (`_encoded`),
+    so that they are not all alive in the line's record as well."""
     if not len(calls) == len(planned) == len(results):
         return None
     scanned: list[str] = []
     tools: set[int] | None = None  # asked about their defaults
-    for item, p in zip(calls, planned, strict=False):  # as long as each other: see above
+    rows: list[Any] = []
+    for item, p, r in zip(calls, planned, results, strict=False):  # as long as each other: see above
         fn = item.get("function") if type(item) is dict else None
         if type(fn) is not dict or type(raw := fn.get("arguments")) is not str or not raw or p.sent is None:
+            return None
+        call_id, name = item.get("id"), fn.get("name")
+        if type(call_id) is not str or type(name) is not str or p.name != name:
+            return None
+        how = ("unfinished" if r is None else "ran") if p.leader is None and p.outcome is None else _how(p, r)
+        if r is None:
+            rows.append([call_id, name, raw, p.key, how])
+        elif type(r) is ToolResult and r.call_id == call_id and r.name == name and type(r.status) is Status:
+            rows.append(
+                [
+                    call_id,
+                    name,
+                    raw,
+                    p.key,
+                    how,
+                    r.status,  # orjson writes an enum's value
+                    r.content,
+                    r.retryable,
+                    r.effect_uncertain,
+                    r.cached,
+                    r.deduped,
+                    r.started,
+                    r.duration,
+                ]
+            )
+        else:  # a subclass of ToolResult, which may say more in its to_json; another id or name
             return None
         scanned.append(raw)
         if rewritten:
@@ -397,52 +426,9 @@ def _plain_record(
             tools.add(id(tool))
     if may_hold_credentials("\x00".join(scanned)):  # as `_none_may_hold_credentials`
         return None
-    del scanned
-    encode = apart and len(calls) >= _ENCODED_FROM
-    status_text = _STATUS_TEXT
-    recorded_calls: Any = [
-        {
-            "id": str(item.get("id", "")),
-            "name": str(item["function"].get("name", "")),
-            "arguments": item["function"]["arguments"],
-        }
-        for item in calls
-    ]
-    if encode and (recorded_calls := _encoded(recorded_calls)) is None:
-        return None
-    plan_rows: Any = [
-        {
-            "name": p.name,
-            "key": p.key,
-            "how": ("unfinished" if r is None else "ran")
-            if p.leader is None and p.outcome is None
-            else _how(p, r),
-        }
-        for p, r in zip(planned, results, strict=False)
-    ]
-    if encode and (plan_rows := _encoded(plan_rows)) is None:
-        return None
-    recorded_results: Any = [
-        {  # ToolResult.to_json, field for field
-            "call_id": r.call_id,
-            "name": r.name,
-            "status": status_text[r.status],
-            "content": r.content,
-            "retryable": r.retryable,
-            "effect_uncertain": r.effect_uncertain,
-            "cached": r.cached,
-            "deduped": r.deduped,
-            "started": r.started,
-            "duration": r.duration,
-        }
-        if type(r) is ToolResult and type(r.status) is Status
-        # none, or a subclass of ToolResult, which may say more in its to_json
-        else (None if r is None else _result_json(r, set()))
-        for r in results
-    ]
-    if encode and (recorded_results := _encoded(recorded_results)) is None:
-        return None
-    return recorded_calls, plan_rows, recorded_results
+    if apart and len(rows) >= _ENCODED_FROM:
+        return _encoded(rows)
+    return rows
 
 
 _ENCODED_FROM = 16  # calls in a batch from which `_plain_record` encodes its lists one by one
@@ -631,6 +617,7 @@ class Recorder:
         }
         self._seq: int | None = None  # of the last line written; None until the file is read or begun
         self._prev = ""
+        self._rows = True  # the file's readers know `rows` records (not a file of format 2 gone on with)
         self._resume: tuple[int, str, int] | None = None  # another worker's chain position
         self.problem: Exception | None = None
         self.fsync = fsync
@@ -876,6 +863,7 @@ class Recorder:
             data = b""
         last = data.rstrip(b"\n").rsplit(b"\n", 1)[-1]
         resume, self._resume = self._resume, None
+        self._rows = not last or _format_of(data) not in _OLDER_FORMATS
         if not last:
             fields = self._header
             if resume is not None:  # the chain goes on from the header, which says from where
@@ -946,6 +934,9 @@ class Recorder:
             assert self._seq is not None
             seq, prev = self._seq, self._prev
             for record, plain in records:
+                if not self._rows and record["type"] == "rows":
+                    # a file of an older format gone on with: its readers know no `rows`
+                    record, plain = _batch_of_rows(_loads(encode_line(record, finite=plain))), False
                 seq += 1
                 record["seq"], record["prev"] = seq, prev
                 try:
@@ -1015,27 +1006,26 @@ class Recorder:
         control: BaseException | None,
         all_loaded: bool = False,
         rewritten: bool = True,
+        rows: bool = True,
     ) -> tuple[dict[str, Any], bool]:
         """(the record of one batch, as its line holds it less `seq` and `prev`; whether
-        `_plain_record` built it: the common batch, built in one pass, whose calls and
-        decisions hold no float for `encode_line` to look for)."""
-        if not decisions:
-            # its lists encoded apart only when orjson takes the rest of the record too (a
+        `_common_rows` built it: the common batch's `rows` record, built in one pass,
+        which holds no float for `encode_line` to look for but its results' times).
+        `rows=False`: a `batch` record always (the file goes on from a recording of format
+        2, whose readers know no other)."""
+        if not decisions and rows:
+            # its rows encoded apart only when orjson takes the rest of the record too (a
             # run or round past 64 bits, from a snapshot say, would send it to json, which
             # cannot write a fragment)
             apart = type(run_id) is type(round) is int and run_id in _ORJSON_INTS and round in _ORJSON_INTS
-            common = _plain_record(calls, plan.calls, results, rewritten, apart)
+            common = _common_rows(calls, plan.calls, results, rewritten, apart)
             if common is not None:
-                rows_calls, rows_plan, rows_results = common
                 record = {
-                    "type": "batch",
+                    "type": "rows",
                     "run": run_id,
                     "round": round,
                     "all_loaded": all_loaded,
-                    "calls": rows_calls,
-                    "decisions": {},
-                    "plan": rows_plan,
-                    "results": rows_results,
+                    "rows": common,
                     "control": None if control is None else type(control).__name__,
                 }
                 return record, True
@@ -1093,7 +1083,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _header_problem(header: Mapping[str, Any]) -> str | None:
-    if header.get("format") == FORMAT_VERSION and not (_is_int(header.get("seq")) and header["seq"] == 0):
+    if header.get("format") in _CHAINED_FORMATS and not (_is_int(header.get("seq")) and header["seq"] == 0):
         return "line 1: the header's 'seq' is missing or not 0"
     if not isinstance(header.get("fingerprint", ""), str):
         return "line 1: the header's 'fingerprint' is not text"
@@ -1273,11 +1263,78 @@ def _loads(raw: bytes) -> Any:
 
 
 def _record(raw: bytes) -> dict[str, Any]:
-    """One line as a record (`_loads`); ValueError or RecursionError if it is none."""
+    """One line as a record (`_loads`), a `rows` record as the `batch` record it stands for
+    (`_batch_of_rows`); ValueError or RecursionError if it is none."""
     value = _loads(raw)
     if not isinstance(value, dict):
         raise ValueError(f"a JSON {type(value).__name__}, not an object")
+    if value.get("type") == "rows":
+        return _batch_of_rows(value)
     return value
+
+
+# A `rows` record (format 3) is the common batch's `batch` record, one row per call:
+# [id, name, arguments, key, how] for a call with no result, and for one with a result
+# these and its status, content, retryable, effect_uncertain, cached, deduped, started,
+# duration. The call, its plan row and its result share the id and the name, there are
+# no decisions, and the rest of the record (run, round, all_loaded, control, seq, prev)
+# is the batch record's.
+_UNANSWERED_ROW = 5
+_ANSWERED_ROW = 13
+
+
+def _batch_of_rows(record: dict[str, Any]) -> dict[str, Any]:
+    """The `batch` record a `rows` record stands for, field for field what the recorder
+    builds part by part for the same batch; ValueError if its rows are not rows (what
+    they hold is left to the batch record's checks)."""
+    rows = record.pop("rows", None)
+    if type(rows) is not list:
+        raise ValueError("a 'rows' record whose 'rows' is not a list")
+    calls: list[Any] = []
+    plan: list[Any] = []
+    results: list[Any] = []
+    for i, row in enumerate(rows):
+        if type(row) is not list or len(row) not in (_UNANSWERED_ROW, _ANSWERED_ROW):
+            raise ValueError(f"a 'rows' record whose rows[{i}] is not a list of 5 or 13 values")
+        call_id, name = row[0], row[1]
+        calls.append({"id": call_id, "name": name, "arguments": row[2]})
+        plan.append({"name": name, "key": row[3], "how": row[4]})
+        if len(row) == _UNANSWERED_ROW:
+            results.append(None)
+            continue
+        results.append(
+            {  # ToolResult.to_json, field for field
+                "call_id": call_id,
+                "name": name,
+                "status": row[5],
+                "content": row[6],
+                "retryable": row[7],
+                "effect_uncertain": row[8],
+                "cached": row[9],
+                "deduped": row[10],
+                "started": row[11],
+                "duration": row[12],
+            }
+        )
+    batch: dict[str, Any] = {"type": "batch"}
+    for field in ("run", "round", "all_loaded"):
+        if field in record:
+            batch[field] = record[field]
+    batch["calls"], batch["decisions"], batch["plan"], batch["results"] = calls, {}, plan, results
+    for field, value in record.items():
+        if field not in batch:
+            batch[field] = value  # control, seq and prev, and whatever an edit added
+    return batch
+
+
+def _format_of(data: bytes) -> Any:
+    """The format a recording's header line says it is of (None: no header to say so)."""
+    end = data.find(b"\n")
+    try:
+        header = _loads(data if end < 0 else data[:end])
+    except (ValueError, RecursionError):
+        return None
+    return header.get("format") if type(header) is dict and header.get("type") == "header" else None
 
 
 def _chain_start(header: Mapping[str, Any], raw: bytes) -> tuple[int, str]:
@@ -1317,14 +1374,14 @@ def _read_data(data: bytes, path: str | os.PathLike[str]) -> _Recording:
         return _Recording({}, [], truncated, problem or f"line 1: {path} has no recording header", ())
     header = parsed[0][2]
     version = header.get("format")
-    if not _is_int(version) or version not in (FORMAT_VERSION, _UNCHAINED_FORMAT):
+    if not _is_int(version) or version not in (*_CHAINED_FORMATS, _UNCHAINED_FORMAT):
         return _Recording(
             header, [], truncated, f"line 1: recording format {version!r}, expected {FORMAT_VERSION}", ()
         )
     header_problem = _header_problem(header)
     if header_problem is not None:
         return _Recording(header, [], truncated, header_problem, ())
-    chained = version == FORMAT_VERSION
+    chained = version in _CHAINED_FORMATS
     if not chained and ("seq" in header or any("prev" in value for _, _, value in parsed[1:])):
         # the chain's own fields give a downgraded header away: an edit, not an old file
         return _Recording(
@@ -1400,7 +1457,7 @@ class _Stream:
             whole
             or header is None
             or header.get("type") != "header"
-            or not (_is_int(header.get("format")) and header["format"] == FORMAT_VERSION)
+            or not (_is_int(header.get("format")) and header["format"] in _CHAINED_FORMATS)
             or _header_problem(header) is not None
         ):
             self._read_whole()
