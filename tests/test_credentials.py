@@ -289,7 +289,7 @@ def test_the_cache_package_can_be_imported_first() -> None:
     assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr
 
 
-def test_the_rule_imports_only_the_standard_library_and_xxhash() -> None:
+def test_the_rule_imports_only_the_standard_library_xxhash_and_ahocorasick_rs() -> None:
     """The kernel's credential rule does no I/O and never imports the cache package."""
     tree = ast.parse(Path(_credentials.__file__).read_text())
     imported = {
@@ -299,7 +299,7 @@ def test_the_rule_imports_only_the_standard_library_and_xxhash() -> None:
         for alias in node.names
         if not (isinstance(node, ast.ImportFrom) and node.level)
     }
-    assert imported - {"__future__"} <= set(sys.stdlib_module_names) | {"xxhash"}
+    assert imported - {"__future__"} <= set(sys.stdlib_module_names) | {"xxhash", "ahocorasick_rs"}
     assert not imported & {"cache", "os", "io", "pathlib", "socket", "dispatcher"}
 
 

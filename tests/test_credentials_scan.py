@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher._credentials import _GATE_CHARACTERS, _GATE_HEAD, _MAY_HOLD, may_hold_credentials
+from dispatcher._credentials import _GATE_CHARACTERS, _GATED_UP_TO, _MAY_HOLD, may_hold_credentials
 
 
 def plain_may_hold_credentials(text: str) -> bool:
@@ -35,7 +35,7 @@ def test_only_two_characters_other_than_ascii_have_an_ascii_lower_case() -> None
 
 
 def test_every_part_holds_a_gate_character() -> None:
-    """Text with no gate character, of either case, holds no part: the gate answers exactly."""
+    """Text with no gate character in lower case holds no part: the gate answers exactly."""
     for part in _MAY_HOLD:
         assert any(char in part for char in _GATE_CHARACTERS), part
 
@@ -86,8 +86,8 @@ def test_the_verdict_is_the_plain_checks(texts: list[str], long: bool) -> None:
     """On any text (parts in any case, cut where texts are joined by "\\x00", characters
     whose lower case is ASCII, surrogates), the verdict is the plain check's."""
     text = "\x00".join(texts)
-    if long:  # past the gate's head, whose bytes then decide whether the rest is gated too
-        text = "hello 17 " * (_GATE_HEAD // 9 + 1) + text
+    if long:  # too long to be gated: the scanner alone decides
+        text = "hello 17 " * (_GATED_UP_TO // 9 + 1) + text
     assert may_hold_credentials(text) is plain_may_hold_credentials(text)
 
 
@@ -97,8 +97,9 @@ def test_the_verdict_on_one_part_or_piece_is_the_plain_checks(
     before: str, part: str, after: str, long: bool
 ) -> None:
     """One part or a piece of one, spelled in any case or with a character whose lower case
-    is its letter, among text without gate characters: the gate alone decides."""
-    text = before + ("hello 17 " * (_GATE_HEAD // 9 + 1) if long else "") + part + after
+    is its letter, among text without gate characters: the gate alone decides (when the
+    text is short enough to be gated)."""
+    text = before + ("hello 17 " * (_GATED_UP_TO // 9 + 1) if long else "") + part + after
     assert may_hold_credentials(text) is plain_may_hold_credentials(text)
 
 
@@ -108,14 +109,14 @@ def test_the_verdict_on_one_part_or_piece_is_the_plain_checks(
         ("", False),
         ('{"text": "hello 17"}', False),
         ('{"text": "r0-0"}\x00{"text": "r0-1"}', False),
-        ('{"location": "Paris", "unit": "celsius"}', False),  # the gate opens: each part is sought
+        ('{"location": "Paris", "unit": "celsius"}', False),  # the gate opens: the scanner decides
         ('{"PASSWORD": 1}', True),
         ("\u212aey", True),  # KELVIN SIGN lower-cases to k
         ("s\u0130d", False),  # İ lower-cases to i and a combining dot: no `sid`
         ("ke\x00y", False),
         ("\ud800 token", True),
         ("中文 https://example.com", True),
-        ("hello 17 " * 100 + "TOKEN", True),  # a part after the gate's head
+        ("hello 17 " * 100 + "TOKEN", True),  # too long to be gated
         ("hello 17 " * 100 + "\x00Jwt", True),
         ("hello 17 " * 100, False),
     ],
