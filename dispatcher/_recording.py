@@ -60,6 +60,7 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -102,6 +103,7 @@ _OPAQUE = "$opaque"  # the tag of a value JSON cannot hold, in a record marked "
 log = logging.getLogger("threepass.recording")
 # what json.dumps(default=str) would turn into text, orjson is told to hand to `default` too
 _ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+_LINE_OPTIONS = _ORJSON_OPTIONS | orjson.OPT_APPEND_NEWLINE  # a line as written
 
 
 def _finite(value: Any) -> bool:
@@ -142,7 +144,7 @@ def encode_line(record: Mapping[str, Any], *, finite: bool = False) -> bytes:
     return json.dumps(record, ensure_ascii=True, default=str).encode()
 
 
-def line_hash(line: bytes) -> str:
+def line_hash(line: bytes | memoryview) -> str:
     """The chain's hash of one line as written, without its newline."""
     return xxhash.xxh3_64_hexdigest(line)
 
@@ -382,26 +384,37 @@ def _common_rows(
     so that they are not all alive in the line's record as well."""
     if not len(calls) == len(planned) == len(results):
         return None
-    scanned: list[str] = []
     tools: set[int] | None = None  # asked about their defaults
     rows: list[Any] = []
+    append = rows.append
     for item, p, r in zip(calls, planned, results, strict=False):  # as long as each other: see above
-        fn = item.get("function") if type(item) is dict else None
-        if type(fn) is not dict or type(raw := fn.get("arguments")) is not str or not raw or p.sent is None:
+        try:
+            fn = item["function"]
+            call_id, name, raw = item["id"], fn["name"], fn["arguments"]
+        except (KeyError, TypeError):  # not the OpenAI shape
             return None
-        call_id, name = item.get("id"), fn.get("name")
-        if type(call_id) is not str or type(name) is not str or p.name != name:
+        _, _, planned_name, _, tool, outcome, leader, key, _, _, _, _, _, sent = p
+        if (
+            type(item) is not dict
+            or type(fn) is not dict
+            or type(raw) is not str
+            or not raw
+            or sent is None
+            or type(call_id) is not str
+            or type(name) is not str
+            or planned_name != name
+        ):
             return None
-        how = ("unfinished" if r is None else "ran") if p.leader is None and p.outcome is None else _how(p, r)
+        how = ("unfinished" if r is None else "ran") if leader is None and outcome is None else _how(p, r)
         if r is None:
-            rows.append([call_id, name, raw, p.key, how])
+            append([call_id, name, raw, key, how])
         elif type(r) is ToolResult and r.call_id == call_id and r.name == name and type(r.status) is Status:
-            rows.append(
+            append(
                 [
                     call_id,
                     name,
                     raw,
-                    p.key,
+                    key,
                     how,
                     r.status,  # orjson writes an enum's value
                     r.content,
@@ -415,20 +428,23 @@ def _common_rows(
             )
         else:  # a subclass of ToolResult, which may say more in its to_json; another id or name
             return None
-        scanned.append(raw)
-        if rewritten:
-            scanned.append(p.sent)
-        tool = p.tool
         if tool is not None and tool.defaults and (tools is None or id(tool) not in tools):
             if _defaults_may_hold_credentials(tool.defaults):
                 return None
             tools = tools or set()
             tools.add(id(tool))
-    if may_hold_credentials("\x00".join(scanned)):  # as `_none_may_hold_credentials`
+    scanned = "\x00".join(map(_ARGUMENTS, rows))
+    if rewritten:
+        scanned += "\x00" + "\x00".join(map(_SENT, planned))
+    if may_hold_credentials(scanned):  # as `_none_may_hold_credentials`
         return None
     if apart and len(rows) >= _ENCODED_FROM:
         return _encoded(rows)
     return rows
+
+
+_ARGUMENTS = itemgetter(2)  # of a row
+_SENT = attrgetter("sent")  # of a planned call
 
 
 _ENCODED_FROM = 16  # calls in a batch from which `_plain_record` encodes its lists one by one
@@ -709,11 +725,24 @@ class Recorder:
                 named = fd is not None and os.fstat(fd).st_nlink > 0  # a file renamed over it unlinks it
             except OSError:
                 named = False
-            if not named:
+            if fd is None or not named:
                 return False
-            self._named_fd = fd  # `_open` need not look again
-            self.record_batch(run_id, round, calls, plan, results, decisions, control, all_loaded, rewritten)
-            self._named_fd = None
+            line = None
+            if not decisions and self._rows and self.problem is None and self._seq is not None:
+                line = self._common_line(run_id, round, calls, plan, results, control, all_loaded, rewritten)
+            if line is not None:
+                seq, encoded = line
+                try:
+                    self._write(fd, encoded, seq, line_hash(memoryview(encoded)[:-1]))
+                except Exception as exc:  # OSError: a full disk, a folder gone
+                    self._stop(exc)
+                    self._close_file()
+            else:
+                self._named_fd = fd  # `_open` need not look again
+                self.record_batch(
+                    run_id, round, calls, plan, results, decisions, control, all_loaded, rewritten
+                )
+                self._named_fd = None
         took = time.monotonic() - began
         if took > WRITE_STALL:
             self._here_until = began + WRITE_PAUSE
@@ -725,6 +754,54 @@ class Recorder:
                 WRITE_PAUSE,
             )
         return True
+
+    def _common_line(
+        self,
+        run_id: int,
+        round: int,
+        calls: Sequence[Any],
+        plan: Plan,
+        results: Sequence[ToolResult | None],
+        control: BaseException | None,
+        all_loaded: bool,
+        rewritten: bool,
+    ) -> tuple[int, bytes] | None:
+        """(seq, line ending in its newline) of the common batch's `rows` record, numbered and chained after the
+        last line, as `record_batch` would write it, built and encoded in one go; None for
+        any other batch (and for one whose record orjson cannot write), which
+        `record_batch` takes."""
+        try:
+            rows = _common_rows(calls, plan.calls, results, rewritten, apart=False)
+            if rows is None:
+                return None
+            assert self._seq is not None
+            seq = self._seq + 1
+            record = {
+                "type": "rows",
+                "run": run_id,
+                "round": round,
+                "all_loaded": all_loaded,
+                "rows": rows,
+                "control": None if control is None else type(control).__name__,
+                "seq": seq,
+                "prev": self._prev,
+            }
+            return seq, orjson.dumps(record, default=str, option=_LINE_OPTIONS)
+        except Exception:  # what orjson refuses, and whatever else: `record_batch` says why
+            return None
+
+    def _write(self, fd: int, data: bytes, seq: int, prev: str) -> None:
+        """Write `data`, the lines up to record `seq` whose line hashes to `prev`, whole (and
+        sync it, with `fsync`); OSError if the file takes it not."""
+        # before the write: a KeyboardInterrupt on the loop's thread that comes while the
+        # line is being written is raised as the write returns, and the line it left in
+        # the file must not be numbered again by the next record
+        self._seq, self._prev = seq, prev
+        written = os.write(fd, data)
+        while written < len(data):  # a short write (a signal, a nearly full disk): the rest
+            written += os.write(fd, data[written:])
+        if self.fsync:
+            os.fsync(fd)
 
     def _hand_over(self, job: _Job) -> bool:
         try:
@@ -949,15 +1026,7 @@ class Recorder:
                 prev = line_hash(encoded)
             if lines:
                 data = lines[0] + b"\n" if len(lines) == 1 else b"\n".join(lines) + b"\n"
-                # before the write: a KeyboardInterrupt on the loop's thread that comes while
-                # the line is being written is raised as the write returns, and the line it
-                # left in the file must not be numbered again by the next record
-                self._seq, self._prev = seq, prev
-                written = os.write(fd, data)
-                while written < len(data):  # a short write (a signal, a nearly full disk): the rest
-                    written += os.write(fd, data[written:])
-                if self.fsync:
-                    os.fsync(fd)
+                self._write(fd, data, seq, prev)
         except Exception as exc:  # OSError: a full disk, a folder gone
             failed = exc
         if failed is not None:
