@@ -2,7 +2,13 @@
 
 A recording is a header line (format version, registry fingerprint and a hash per tool,
 caller's metadata) then one line per committed batch: the calls as given, the gate
-decisions, how pass 1 decided each call, and the results. Each line is written whole with
+decisions, how pass 1 decided each call, and the results. The common batch (no decisions,
+every call the OpenAI chat shape with JSON text, nothing to redact) is a `rows` record
+(format 3): one array per call, the call, how pass 1 decided it and its result together,
+which every reader takes as the `batch` record it stands for (`_batch_of_rows`); its
+line is half to two thirds of that record's bytes, and costs half as much to build and
+encode. Format 2 recordings, which hold `batch` records only, are read as before, and a
+session that goes on with one writes `batch` records into it. Each line is written whole with
 one `write`, so a crash can at worst leave a truncated last line; replay reports it and
 replays the rest. A batch returns once its line is in the file (or, with `Recorder.wait`
 false, once it is handed over). Once the file is open, and is a regular file, a batch's
@@ -766,10 +772,10 @@ class Recorder:
         all_loaded: bool,
         rewritten: bool,
     ) -> tuple[int, bytes] | None:
-        """(seq, line ending in its newline) of the common batch's `rows` record, numbered and chained after the
-        last line, as `record_batch` would write it, built and encoded in one go; None for
-        any other batch (and for one whose record orjson cannot write), which
-        `record_batch` takes."""
+        """(seq, line ending in its newline) of the common batch's `rows` record, numbered
+        and chained after the last line, as `record_batch` would write it, built and
+        encoded in one go; None for any other batch (and for one whose record orjson
+        cannot write), which `record_batch` takes."""
         try:
             rows = _common_rows(calls, plan.calls, results, rewritten, apart=False)
             if rows is None:
