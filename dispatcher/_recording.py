@@ -408,32 +408,39 @@ def _common_rows(
             or sent is None
             or type(call_id) is not str
             or type(name) is not str
-            or planned_name != name
+            or type(planned_name) is not str
         ):
             return None
         how = ("unfinished" if r is None else "ran") if leader is None and outcome is None else _how(p, r)
+        row: list[Any]
         if r is None:
-            append([call_id, name, raw, key, how])
-        elif type(r) is ToolResult and r.call_id == call_id and r.name == name and type(r.status) is Status:
-            append(
-                [
-                    call_id,
-                    name,
-                    raw,
-                    key,
-                    how,
-                    r.status,  # orjson writes an enum's value
-                    r.content,
-                    r.retryable,
-                    r.effect_uncertain,
-                    r.cached,
-                    r.deduped,
-                    r.started,
-                    r.duration,
-                ]
-            )
+            row = [call_id, name, raw, key, how]
+        elif (
+            type(r) is ToolResult
+            and r.call_id == call_id
+            and r.name == planned_name
+            and type(r.status) is Status
+        ):
+            row = [
+                call_id,
+                name,
+                raw,
+                key,
+                how,
+                r.status,  # orjson writes an enum's value
+                r.content,
+                r.retryable,
+                r.effect_uncertain,
+                r.cached,
+                r.deduped,
+                r.started,
+                r.duration,
+            ]
         else:  # a subclass of ToolResult, which may say more in its to_json; another id or name
             return None
+        if planned_name != name:  # `run_tool`'s call, planned and answered as the tool it names
+            row.append(planned_name)
+        append(row)
         if tool is not None and tool.defaults and (tools is None or id(tool) not in tools):
             if _defaults_may_hold_credentials(tool.defaults):
                 return None
@@ -1351,11 +1358,13 @@ def _record(raw: bytes) -> dict[str, Any]:
 # A `rows` record (format 3) is the common batch's `batch` record, one row per call:
 # [id, name, arguments, key, how] for a call with no result, and for one with a result
 # these and its status, content, retryable, effect_uncertain, cached, deduped, started,
-# duration. The call, its plan row and its result share the id and the name, there are
-# no decisions, and the rest of the record (run, round, all_loaded, control, seq, prev)
-# is the batch record's.
+# duration; either followed by the name the call was planned and answered under when
+# that is not its own (`run_tool`'s call: the tool it names). The call and its result
+# share the id, there are no decisions, and the rest of the record (run, round,
+# all_loaded, control, seq, prev) is the batch record's.
 _UNANSWERED_ROW = 5
 _ANSWERED_ROW = 13
+_ROW_LENGTHS = frozenset({_UNANSWERED_ROW, _ANSWERED_ROW, _UNANSWERED_ROW + 1, _ANSWERED_ROW + 1})
 
 
 def _batch_of_rows(record: dict[str, Any]) -> dict[str, Any]:
@@ -1369,18 +1378,19 @@ def _batch_of_rows(record: dict[str, Any]) -> dict[str, Any]:
     plan: list[Any] = []
     results: list[Any] = []
     for i, row in enumerate(rows):
-        if type(row) is not list or len(row) not in (_UNANSWERED_ROW, _ANSWERED_ROW):
-            raise ValueError(f"a 'rows' record whose rows[{i}] is not a list of 5 or 13 values")
+        if type(row) is not list or len(row) not in _ROW_LENGTHS:
+            raise ValueError(f"a 'rows' record whose rows[{i}] is not a list of 5, 6, 13 or 14 values")
         call_id, name = row[0], row[1]
+        planned = row[-1] if len(row) & 1 == 0 else name
         calls.append({"id": call_id, "name": name, "arguments": row[2]})
-        plan.append({"name": name, "key": row[3], "how": row[4]})
-        if len(row) == _UNANSWERED_ROW:
+        plan.append({"name": planned, "key": row[3], "how": row[4]})
+        if len(row) < _ANSWERED_ROW:
             results.append(None)
             continue
         results.append(
             {  # ToolResult.to_json, field for field
                 "call_id": call_id,
-                "name": name,
+                "name": planned,
                 "status": row[5],
                 "content": row[6],
                 "retryable": row[7],
