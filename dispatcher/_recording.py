@@ -141,7 +141,7 @@ def encode_line(record: Mapping[str, Any], *, finite: bool = False) -> bytes:
     where it can hold the record; where it refuses (a lone surrogate, an integer past 64
     bits) or would change it (NaN, infinity), json with every non-ASCII character escaped,
     so a lone surrogate is kept as "\\ud800", readable back exactly. `finite`: the
-    record's calls and decisions are known to hold no float (`_plain_record`'s)."""
+    record's calls and decisions are known to hold no float (`_common_rows`')."""
     try:
         if finite or (_calls_finite(record.get("calls")) and _finite(record.get("decisions"))):
             return orjson.dumps(record, default=str, option=_ORJSON_OPTIONS)
@@ -367,9 +367,6 @@ def _defaults_may_hold_credentials(defaults: Mapping[str, Any]) -> bool:
     return verdict
 
 
-_STATUS_TEXT = {s: s.value for s in Status}
-
-
 def _common_rows(
     calls: Sequence[Any],
     planned: Sequence[PlannedCall],
@@ -377,7 +374,7 @@ def _common_rows(
     rewritten: bool = True,
     apart: bool = True,
 ) -> list[Any] | orjson.Fragment | None:
-    """The rows of the common batch's `rows` record (`_ROW`), which holds nothing to
+    """The rows of the common batch's `rows` record (`_batch_of_rows`), which holds nothing to
     redact: every call the OpenAI chat shape with an id, a name and JSON text, planned and
     answered under that id and name, pass 1's canonical arguments for each, its result a
     `ToolResult` or none, and no credential in any of them (one scan for the whole batch)
@@ -420,6 +417,7 @@ def _common_rows(
             and r.call_id == call_id
             and r.name == planned_name
             and type(r.status) is Status
+            and type(r.content) is str  # a runner's may be anything: the general builder says why
         ):
             row = [
                 call_id,
@@ -460,7 +458,7 @@ _ARGUMENTS = itemgetter(2)  # of a row
 _SENT = attrgetter("sent")  # of a planned call
 
 
-_ENCODED_FROM = 16  # calls in a batch from which `_plain_record` encodes its lists one by one
+_ENCODED_FROM = 16  # calls in a batch from which `_common_rows` encodes its rows at once
 _ORJSON_INTS = range(-(2**63), 2**64)  # the integers orjson writes
 
 
@@ -1010,7 +1008,7 @@ class Recorder:
 
     def _append_all(self, records: Sequence[tuple[dict[str, Any], bool]]) -> None:
         """Append records, numbered and chained, with one `write`: each a (record, whether
-        `_plain_record` built it) whose record is the recorder's own, given its `seq` and
+        `_common_rows` built it) whose record is the recorder's own, given its `seq` and
         `prev` in place. A record that cannot be encoded (a structure too deep) is not
         written, nor is anything after it; a write that fails (a full disk, a folder gone)
         is logged once and ends the recording: what is on disk stays a readable prefix of

@@ -38,6 +38,7 @@ from dispatcher import (
     ToolError,
     ToolResult,
 )
+from dispatcher._recording import _record as read_record
 
 __all__ = [
     "CUT_CONTENT",
@@ -407,11 +408,11 @@ def mark_cut_batch(path: str) -> bool:
     lines = list(_lines(path))
     if len(lines) < 2:
         return False
-    try:
-        record = json.loads(lines[-1])
-    except ValueError:
+    try:  # a rows record as the batch record it stands for, which is written back
+        record = read_record(lines[-1].rstrip("\n").encode())
+    except (ValueError, RecursionError):
         return False
-    if not isinstance(record, dict) or record.get("type") != "batch":
+    if record.get("type") != "batch":
         return False
     plan, results, calls = record.get("plan"), record.get("results"), record.get("calls")
     if not (isinstance(plan, list) and isinstance(results, list) and isinstance(calls, list)):
