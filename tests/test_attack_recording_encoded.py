@@ -1,8 +1,8 @@
-"""Attacks on the recording of a large batch (`_plain_record_encoded`: its three lists
-encoded one by one as orjson fragments) and on the scan of a batch no rewriter touched
-(its calls' text only): every kind of call and result at sizes around the threshold,
-written every way a recorder writes, compared byte for byte with the line the record
-built part by part makes; then generated batches, and arguments made to slip a
+"""Attacks on the recording of a large batch (`_common_rows` encoding its rows as one
+orjson fragment) and on the scan of a batch no rewriter touched (its calls' text only):
+every kind of call and result at sizes around the threshold, written every way a recorder
+writes, each line read back and compared field for field with the record built part by
+part (a `batch` line byte for byte); then generated batches, and arguments made to slip a
 credential past the scan."""
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from dispatcher import (
     Tool,
     ToolCall,
     ToolResult,
-    _recording,
     replay,
 )
 from dispatcher._credentials import credential_values, redact_json_text
-from dispatcher._recording import Recorder, encode_line, read_recording
+from dispatcher._recording import Recorder, _copied_calls, read_recording
 
 from ._fakes import TEXT_SCHEMA, openai_call
+from ._recorded import assert_reads_as, one_pass_line, part_by_part, read_line
 
 SECRET = "sk-live-0123456789abcdef"  # never in a recording
 DEFAULT_SECRET = "default-secret-value-42"
@@ -220,37 +220,48 @@ def _submitted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, ...]
 
 
 def _general(parts: tuple[Any, ...], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    with monkeypatch.context() as m:
-        m.setattr(_recording, "_plain_record", lambda *args: None)
-        record, plain = Recorder._record_of(*parts)
-    assert not plain
-    return record
+    return part_by_part(parts, monkeypatch)
+
+
+def _as_copied(parts: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A batch's parts as the writer thread gets them from a batch that does not wait: its
+    calls copied (`_copied_calls`: ids and names made text), when they can be."""
+    copied = _copied_calls(parts[2], parts[5])
+    return parts if copied is None else (*parts[:2], copied, *parts[3:])
 
 
 def _check_file(
-    path: Path, submitted: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch, *, hidden: bool = True
-) -> list[bool]:
-    """Each batch line in `path` is the bytes the record built part by part makes (its
-    `seq` and `prev` as written), the fast record encodes to the same, and the chain
-    holds. Per batch: whether the encoded (fragment) builder took it."""
+    path: Path,
+    submitted: list[tuple[Any, ...]],
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    hidden: bool = True,
+    copied: bool = False,
+) -> list[str]:
+    """Each batch line in `path` reads back as the record built part by part (its `seq` and
+    `prev` as written; a `batch` line is that record's bytes), the one-pass record encodes
+    to the same line (`copied`: of the calls as copied for a batch that does not wait), and
+    the chain holds. Per batch, how it was written: "encoded" (a `rows` line whose rows
+    were encoded as one fragment), "rows" or "batch"."""
     lines = path.read_bytes().splitlines()[1:]
     assert len(lines) == len(submitted)
-    encoded = []
+    how = []
     for line, parts in zip(lines, submitted, strict=True):
-        written = json.loads(line)
+        written = read_line(line)
         expected = _general(parts, monkeypatch)
         expected["seq"], expected["prev"] = written["seq"], written["prev"]
-        assert line == encode_line(expected)
-        fast, plain = Recorder._record_of(*parts)
+        assert_reads_as(line, expected)
+        fast, plain = Recorder._record_of(*(_as_copied(parts) if copied else parts))
         fast["seq"], fast["prev"] = written["seq"], written["prev"]
-        assert encode_line(fast, finite=plain) == line
-        encoded.append(isinstance(fast["calls"], orjson.Fragment))
+        assert one_pass_line(fast, plain) == line
+        encoded = isinstance(fast.get("rows"), orjson.Fragment)
+        how.append("encoded" if encoded else "rows" if plain else "batch")
     _, batches, truncated, problem = read_recording(path)
     assert problem is None and not truncated and len(batches) == len(lines)
     text = path.read_text(encoding="utf-8", errors="replace")
     assert DEFAULT_SECRET not in text
     assert SECRET not in text or not hidden
-    return encoded
+    return how
 
 
 def _dispatcher(**options: Any) -> Dispatcher:
@@ -287,7 +298,7 @@ async def test_every_kind_of_call_alone_in_a_large_batch_is_written_as_built_par
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int, how: str
 ) -> None:
     """A batch of each kind of call (then of each kind mixed with plain calls, and each
-    cut short), every recorder option: each line the bytes the general builder makes."""
+    cut short), every recorder option: each line reads as the general builder's record."""
     rng = random.Random(size)
     path = tmp_path / "kinds.jsonl"
     batches = [_batch([kind], size, rng) for kind in _KINDS]
@@ -299,11 +310,10 @@ async def test_every_kind_of_call_alone_in_a_large_batch_is_written_as_built_par
                 s.new_run()
             await _dispatch_all(s, [batch])
         s.close()
-    encoded = _check_file(path, submitted, monkeypatch)
-    if size >= 16:
-        assert any(encoded)  # the fast path was taken at all
-    else:
-        assert not any(encoded)
+    written = set(_check_file(path, submitted, monkeypatch, copied=how == "no_wait"))
+    taken = "encoded" if size >= 16 else "rows"  # the one-pass builder, its rows encoded from 16 calls
+    assert taken in written and "batch" in written  # each builder was taken at all
+    assert written <= {taken, "batch"}
     report = await replay(path, _dispatcher())
     assert report.ok, report
     # cut short (replayed apart: test_a_batch_cut_short_by_its_own_tool_replays)
@@ -313,7 +323,8 @@ async def test_every_kind_of_call_alone_in_a_large_batch_is_written_as_built_par
         for ending in _ENDINGS[1:]:
             await _dispatch_all(s, [_batch(["plain", "same", "boom"], size, rng, ending)])
         s.close()
-    assert _check_file(cut, submitted, monkeypatch) == [size >= 16] * 2
+    taken = "encoded" if size >= 16 else "rows"
+    assert _check_file(cut, submitted, monkeypatch, copied=how == "no_wait") == [taken] * 2
 
 
 async def test_a_large_batch_with_a_session_store_is_written_as_built_part_by_part(
@@ -327,7 +338,7 @@ async def test_a_large_batch_with_a_session_store_is_written_as_built_part_by_pa
         s = d.session("stored", record=path, record_wait=False)
         await _dispatch_all(s, [_batch(["plain", "same", kind], 20, rng) for kind in _KINDS])
         s.close()
-    assert any(_check_file(path, submitted, monkeypatch))
+    assert "encoded" in _check_file(path, submitted, monkeypatch)  # a store: every batch waits
 
 
 @pytest.mark.parametrize("raw", ['{"why": "\ud800"}', '{"why": "\\ud800"}'])
@@ -342,11 +353,15 @@ async def test_a_stored_session_takes_arguments_with_a_lone_surrogate(raw: str) 
 async def test_a_large_batch_of_subclassed_results_from_a_runner_is_written_as_built_part_by_part(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A runner's results: ToolResult subclasses that say more, plain ones, odd fields."""
+    """A runner's results: ToolResult subclasses that say more, plain ones, odd fields. A
+    batch with a subclass among its results is built part by part (its to_json may say
+    more than a row holds); one of plain results and text goes to the one-pass builder."""
 
     async def runner(call: ToolCall, ctx: Any) -> Any:
         n = int(call.id[1:])
         status = [Status.ok, Status.failed, Status.timed_out][n % 3]
+        if not noted and n % 5 != 4:
+            return ToolResult(call.id, call.name, status, f"plain {n} ✓", started=None, duration=0)
         if n % 5 == 0:
             return _Noted(call.id, call.name, status, f"noted {n} ✓", note={"n": n, "ü": [1.5, None]})
         if n % 5 == 1:
@@ -358,16 +373,19 @@ async def test_a_large_batch_of_subclassed_results_from_a_runner_is_written_as_b
         return f"text {n}"
 
     odd = False  # a note past 64 bits, which orjson refuses
+    noted = True  # results that are subclasses
     rng = random.Random(4)
     path = tmp_path / "runner.jsonl"
     with _submitted(monkeypatch) as submitted:
         s = Dispatcher(_registry(), runner=runner).session("runner", record=path)
-        for size in (15, 16, 17, 100):
-            odd = size == 17
+        for size in (15, 16, 17, 100, -15, -16):
+            odd, noted = size == 17, size > 0
             s.new_run()
-            await _dispatch_all(s, [_batch(["plain"], size, rng)])
+            await _dispatch_all(s, [_batch(["plain"], abs(size), rng)])
         s.close()
-    assert _check_file(path, submitted, monkeypatch) == [False, True, False, True]
+    assert _check_file(path, submitted, monkeypatch) == ["batch"] * 4 + ["rows", "encoded"]
+    report = await replay(path, Dispatcher(_registry(), runner=runner))
+    assert report.ok, report
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])
@@ -381,13 +399,14 @@ async def test_a_large_batch_on_trio_is_written_as_built_part_by_part(
         s = _dispatcher().session("trio", record=path)
         await _dispatch_all(s, [_batch(["plain", "same", kind], 40, rng) for kind in _KINDS])
         s.close()
-    assert any(_check_file(path, submitted, monkeypatch))
+    assert "encoded" in _check_file(path, submitted, monkeypatch)
 
 
 _SAFE_KINDS = [k for k in _KINDS if k not in ("naps", "big", "huge_args")]
-# kinds that leave a batch to the one-pass builder
-_FAST_KINDS = ["plain", "same", "serial", "invalid", "boom", "run_tool", "force", "cached"]
-_FAST_KINDS += ["plain_default", "int_id", "nested", "numbers"]
+# kinds that leave a batch to the one-pass builder (not run_tool, which plans its call
+# under another name, nor an id that is no text: both are built part by part)
+_FAST_KINDS = ["plain", "same", "serial", "invalid", "boom", "force", "cached"]
+_FAST_KINDS += ["plain_default", "nested", "numbers"]
 
 
 @settings(
@@ -428,8 +447,11 @@ def test_generated_batches_are_written_as_built_part_by_part(
 
     with _submitted(monkeypatch) as submitted:
         anyio.run(main, backend="asyncio")
-    if any(_check_file(path, submitted, monkeypatch)):
-        event("the encoded builder took a batch")
+    written = _check_file(path, submitted, monkeypatch, copied=how == "no_wait")
+    if "encoded" in written:
+        event("the one-pass builder took a batch and encoded its rows")
+    if "rows" in written:
+        event("the one-pass builder took a batch")
 
 
 # --- the scan of a batch no rewriter touched ------------------------------------------------
@@ -519,7 +541,8 @@ async def test_a_rewriter_that_adds_a_credential_is_scanned(
 async def test_a_large_batch_whose_run_number_orjson_refuses_is_encoded_as_built_part_by_part(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A run number orjson cannot write keeps a large batch's lists as lists, as built part by part."""
+    """A run number orjson cannot write keeps a large batch's rows a list: the line reads as
+    the record built part by part."""
     with _submitted(monkeypatch) as submitted:
         s = _dispatcher().session("run", record=tmp_path / "run.jsonl")
         await s.dispatch([_oc(f"c{i}", "echo", {"text": f"t{i}"}) for i in range(20)])
@@ -527,9 +550,11 @@ async def test_a_large_batch_whose_run_number_orjson_refuses_is_encoded_as_built
     [parts] = submitted
     parts = (2**64, *parts[1:])  # the run number
     fast, plain = Recorder._record_of(*parts)
-    assert not isinstance(fast["calls"], orjson.Fragment)  # json writes the line: lists it can write
+    assert plain and type(fast["rows"]) is list  # json writes the line: a list it can write
     expected = _general(parts, monkeypatch)
-    assert encode_line(fast, finite=plain) == encode_line(expected)
+    line = one_pass_line(fast, plain)
+    assert not line.startswith(b'{"type":"rows"')  # json's, not orjson's, separators
+    assert_reads_as(line, expected)
 
 
 @pytest.mark.parametrize("ending", _ENDINGS[1:])

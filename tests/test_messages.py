@@ -20,6 +20,7 @@ from dispatcher import Dispatcher, Registry, Tool, ToolCall, replay
 from dispatcher._messages import tool_calls_of
 
 from ._fakes import TEXT_SCHEMA
+from ._recorded import kinds, read_lines
 
 
 def echo(args: Any, ctx: Any) -> str:
@@ -294,7 +295,8 @@ async def test_the_recording_holds_the_calls_and_replays(tmp_path: Path) -> None
     await s.dispatch(anthropic_message(TEXT, tool_use("toolu_1", "b")))
     await s.dispatch(response(REASONING, function_call("call_1", "c")))
     await s.dispatch([{"id": "call_9", "function": "oops"}])
-    batches = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    assert kinds(path)[1:] == ["rows", "batch", "batch", "batch"]  # the chat message's calls: rows
+    batches = read_lines(path)[1:]
     assert [b["calls"] for b in batches] == [
         [{"id": "call_a", "name": "echo", "arguments": '{"text": "a"}'}],
         [{"id": "toolu_1", "name": "echo", "arguments": {"text": "b"}}],

@@ -27,7 +27,7 @@ from dispatcher import (
     replay,
 )
 from dispatcher._credentials import redact
-from dispatcher._recording import Recorder, line_hash
+from dispatcher._recording import FORMAT_VERSION, Recorder, line_hash
 
 from ._fakes import Counter, call, fake_registry, openai_call
 from ._http import serving
@@ -470,7 +470,7 @@ async def test_the_chain_links_every_record_to_the_line_before(tmp_path: Path) -
     records = [json.loads(line) for line in lines]
     assert [r["seq"] for r in records] == [0, 1, 2, 3, 4]
     assert [r["prev"] for r in records[1:]] == [line_hash(line) for line in lines[:-1]]
-    assert "prev" not in records[0] and records[0]["format"] == 2
+    assert "prev" not in records[0] and records[0]["format"] == FORMAT_VERSION == 3
 
 
 async def test_a_recorder_opened_on_a_recording_goes_on_with_its_chain(tmp_path: Path) -> None:

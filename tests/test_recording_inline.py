@@ -2,7 +2,7 @@
 batch returns, a kill -9 after that loses nothing, a write that stalls sends lines to the
 writer thread, a FIFO is left to it, a file replaced between batches is noticed, the chain
 holds across both ways of writing, fsync stays on the thread; and the common batch's
-record, built in one pass, is the record built part by part."""
+`rows` record, built in one pass, reads back as the record built part by part."""
 
 from __future__ import annotations
 
@@ -26,9 +26,10 @@ import orjson
 import pytest
 
 from dispatcher import Dispatcher, Registry, Tool, ToolCall, _recording, replay
-from dispatcher._recording import Recorder, encode_line, read_recording
+from dispatcher._recording import Recorder, read_recording
 
 from ._fakes import TEXT_SCHEMA, Counter, call, fake_registry, openai_call
+from ._recorded import assert_reads_as, kinds, one_pass_line, part_by_part, read_line
 
 ROOT = Path(__file__).resolve().parent.parent
 _REAL_WRITE = os.write
@@ -357,29 +358,30 @@ _BATCHES: list[list[Any]] = [
     [ToolCall("14", "echo", {"text": "a"})],
     [{"id": 15, "function": {"name": "echo", "arguments": '{"text": "b"}'}}],  # an id that is no text
     [openai_call("16", "echo", {"text": "a"})],  # called again in the same run: deduped
+    [openai_call("17", "run_tool", {"name": "echo", "args": {"text": "r"}})],  # planned as echo
 ]
 
 
 async def test_the_common_batch_is_recorded_as_the_record_built_part_by_part(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """For every batch the one-pass builder takes, its record encodes to the same bytes as
-    the record built call by call with redaction; batches that may hold a credential, or
-    that are not all the OpenAI shape with text, it leaves to the other."""
+    """For every batch the one-pass builder takes, its `rows` line reads back as the record
+    built call by call with redaction; batches that may hold a credential, or that are not
+    all the OpenAI shape with text ids and names, it leaves to the other."""
     submitted = _watch_submitted(monkeypatch)
     s = Dispatcher(_registry()).session("common", record=tmp_path / "s.jsonl")
     for batch in _BATCHES:
         await s.dispatch(batch)
     s.close()
     one_pass = [Recorder._record_of(*batch) for batch in submitted]
-    monkeypatch.setattr(_recording, "_plain_record", lambda *parts: None)
-    part_by_part = [Recorder._record_of(*batch) for batch in submitted]
+    built = [part_by_part(batch, monkeypatch) for batch in submitted]
     assert [plain for _, plain in one_pass] == [
-        True, True, True, True, False, False, True, False, False, False, False, True, True,
+        True, True, True, True, False, False, True, False, False, False, False, False, True, False,
     ]  # fmt: skip
-    for (record, _), (expected, _) in zip(one_pass, part_by_part, strict=True):
-        assert encode_line(record) == encode_line(expected)
-    taken = [record for record, plain in one_pass if plain]
+    for (record, plain), expected in zip(one_pass, built, strict=True):
+        assert_reads_as(one_pass_line(record, plain), expected)
+    assert kinds(tmp_path / "s.jsonl")[1:] == ["rows" if plain else "batch" for _, plain in one_pass]
+    taken = [read_line(one_pass_line(record, plain)) for record, plain in one_pass if plain]
     assert {row["how"] for record in taken for row in record["plan"]} == {
         "ran", "follow", "invalid_arguments", "deduped",
     }  # fmt: skip
@@ -414,8 +416,8 @@ def _large_batches(size: int) -> list[list[Any]]:
 async def test_a_large_common_batch_is_encoded_as_the_record_built_part_by_part(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
-    """From 16 calls the one-pass builder encodes its lists one by one: the line is the same
-    bytes as the record built call by call, and what orjson refuses or may hold a
+    """From 16 calls the one-pass builder encodes its rows as they are made: the line reads
+    back as the record built call by call, and what orjson refuses or may hold a
     credential is left to that one."""
     submitted = _watch_submitted(monkeypatch)
     registry = _registry()
@@ -426,13 +428,13 @@ async def test_a_large_common_batch_is_encoded_as_the_record_built_part_by_part(
         await s.dispatch(batch)
     s.close()
     one_pass = [Recorder._record_of(*batch) for batch in submitted]
-    encoded = [isinstance(record["calls"], orjson.Fragment) for record, _ in one_pass]
+    encoded = [isinstance(record.get("rows"), orjson.Fragment) for record, _ in one_pass]
     assert encoded == [size >= 16, size >= 16, False, False]
     assert [plain for _, plain in one_pass] == [True, True, size < 16, False]
-    monkeypatch.setattr(_recording, "_plain_record", lambda *parts: None)
-    part_by_part = [Recorder._record_of(*batch) for batch in submitted]
-    for (record, _), (expected, _) in zip(one_pass, part_by_part, strict=True):
-        assert encode_line(record) == encode_line(expected)
+    built = [part_by_part(batch, monkeypatch) for batch in submitted]
+    for (record, plain), expected in zip(one_pass, built, strict=True):
+        assert_reads_as(one_pass_line(record, plain), expected)
+    assert kinds(path)[1:] == ["rows" if plain else "batch" for _, plain in one_pass]
     assert "s3cr3t-value" not in path.read_text()
     report = await replay(path, Dispatcher(registry))
     assert report.ok, report
@@ -443,7 +445,8 @@ async def test_a_large_batch_whose_run_orjson_cannot_write_is_recorded_as_built_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run: int
 ) -> None:
     """A run number orjson cannot write (a snapshot's, say) sends the line to json, which
-    cannot write an encoded list: the lists stay lists, and the bytes are the general builder's."""
+    cannot write an encoded list: the rows stay a list, and the line reads as the general
+    builder's record."""
     submitted = _watch_submitted(monkeypatch)
     s = Dispatcher(_registry()).session("run", record=tmp_path / "run.jsonl")
     await s.dispatch([openai_call(f"c{i}", "echo", {"text": f"t{i}"}) for i in range(20)])
@@ -451,10 +454,9 @@ async def test_a_large_batch_whose_run_orjson_cannot_write_is_recorded_as_built_
     [parts] = submitted
     parts = (run, *parts[1:])
     record, plain = Recorder._record_of(*parts)
-    assert isinstance(record["calls"], orjson.Fragment) is (run == 2**64 - 1)
-    monkeypatch.setattr(_recording, "_plain_record", lambda *parts: None)
-    expected, _ = Recorder._record_of(*parts)
-    assert encode_line(record, finite=plain) == encode_line(expected)
+    assert plain and isinstance(record["rows"], orjson.Fragment) is (run == 2**64 - 1)
+    expected = part_by_part(parts, monkeypatch)
+    assert_reads_as(one_pass_line(record, plain), expected)
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])

@@ -23,12 +23,14 @@ from dispatcher import Allow, Dispatcher, Registry, Tool, ToolCall, replay
 from dispatcher._recording import read_recording
 
 from ._fakes import TEXT_SCHEMA, Counter, call, fake_registry, openai_call
+from ._recorded import kinds, read_line, read_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_bytes().splitlines()]
+    """The recording's lines as the readers take them (a `rows` line as its `batch` record)."""
+    return read_lines(path)
 
 
 def _writers() -> int:
@@ -164,7 +166,8 @@ async def test_a_batch_that_need_not_wait_returns_before_its_line_is_written(tmp
     _unstall(fifo)
     with _reading(fifo) as got:
         s.close()
-    records = [json.loads(line) for line in got[0].splitlines()]
+    records = [read_line(line) for line in got[0].splitlines()]
+    assert [json.loads(line)["type"] for line in got[0].splitlines()] == ["header", "rows", "rows", "rows"]
     assert [r["seq"] for r in records] == [0, 1, 2, 3]
     assert [r["calls"][0]["id"] for r in records[1:]] == ["0", "1", "2"]
     assert [json.loads(r["calls"][0]["arguments"]) for r in records[1:]] == [
@@ -251,6 +254,7 @@ async def test_many_sessions_record_at_once_and_every_recording_replays(tmp_path
         path = tmp_path / f"s{n}.jsonl"
         contents = [r["results"][0]["content"] for r in _lines(path)[1:]]
         assert contents == [f"{n}/{b}/0" for b in range(15)]
+        assert kinds(path) == ["header"] + ["rows"] * 15
         report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
         assert report.ok and report.calls == 45, (n, report.problem, report.divergence)
     assert _writers_end(within=5)
@@ -347,6 +351,7 @@ def test_a_forked_child_does_not_write_its_parents_recording(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     records = _lines(path)
     assert [r["calls"][0]["id"] for r in records[1:]] == ["0-0", "1-0", "2-0", "after"]
+    assert kinds(path) == ["header"] + ["rows"] * 4
     report = anyio.run(replay, path, Dispatcher(fake_registry(Counter(), {})))
     assert report.ok and report.batches == 4
 
