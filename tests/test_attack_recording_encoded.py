@@ -403,10 +403,10 @@ async def test_a_large_batch_on_trio_is_written_as_built_part_by_part(
 
 
 _SAFE_KINDS = [k for k in _KINDS if k not in ("naps", "big", "huge_args")]
-# kinds that leave a batch to the one-pass builder (not run_tool, which plans its call
-# under another name, nor an id that is no text: both are built part by part)
+# kinds that leave a batch to the one-pass builder (not an id that is no text, built part
+# by part; run_tool's call is, its row naming the tool it was planned as)
 _FAST_KINDS = ["plain", "same", "serial", "invalid", "boom", "force", "cached"]
-_FAST_KINDS += ["plain_default", "nested", "numbers"]
+_FAST_KINDS += ["plain_default", "nested", "numbers", "run_tool"]
 
 
 @settings(

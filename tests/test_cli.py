@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import threepass
+from dispatcher._recording import _record as read_record
 from threepass.cli import main, markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -235,7 +236,7 @@ def test_replay_diff_shows_the_divergence(tmp_path: Path) -> None:
         "y",
     )
     lines = rec.read_text().splitlines()
-    last = json.loads(lines[-1])
+    last = read_record(lines[-1].encode())  # a rows record as the batch record it stands for
     last["plan"][1]["how"] = "denied"
     rec.write_text("\n".join([*lines[:-1], json.dumps(last)]) + "\n")
     code, out, _ = run_cli("replay", str(rec), "--diff")
@@ -248,7 +249,7 @@ def test_replay_of_a_tampered_recording_names_the_line(tmp_path: Path) -> None:
     rec = tmp_path / "session.jsonl"
     run_cli("run", str(EXAMPLE), "--workspace", str(WORKSPACE), "--record", str(rec), "--no-cache")
     lines = rec.read_text().splitlines()
-    tampered = json.loads(lines[2])
+    tampered = read_record(lines[2].encode())
     tampered["results"][1]["content"] = "tampered"
     lines[2] = json.dumps(tampered)  # that line alone rewritten; the others keep their bytes
     rec.write_text("".join(line + "\n" for line in lines))
