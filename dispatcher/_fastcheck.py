@@ -7,11 +7,13 @@ errors, and a call it finds none in is valid. So a place where jsonschema-rs is 
 newline; it refuses NaN and infinities) changes no verdict, and what remains is to keep
 it away from the places where it could be more lenient:
 
-- schemas: a `pattern` outside a small regex subset whose meaning in Python's `re` is
-  the same or wider (no `\\s`, negated classes, flags, lookarounds, `{,n}`, escapes
-  other than `\\d`, `\\w` and punctuation), a `multipleOf` that is not an integer (float
-  arithmetic differs), a `$ref` outside the document, a `$schema` other than 2020-12 or
-  dynamic references are validated with jsonschema alone;
+- schemas: a `pattern` beside a keyword that turns a refusal into an acceptance (`not`,
+  `oneOf`, `if`, `maxContains`), `patternProperties`, a `pattern` outside a small regex
+  subset whose meaning in Python's `re` is the same or wider (no `\\s`, negated classes,
+  flags, lookarounds, `{,n}`, escapes other than `\\d`, `\\w` and punctuation), a
+  `multipleOf` that is not an integer (float arithmetic differs), a `$ref` outside the
+  document, a `$schema` other than 2020-12 or dynamic references are validated with
+  jsonschema alone;
 - instances: it reads a tuple as an array, where jsonschema does not, so arguments that
   did not come straight from JSON text are walked first; and an instance nested deeper
   than jsonschema can follow (it recurses in Python, and reports that) goes to jsonschema.
@@ -53,17 +55,30 @@ def _safe_pattern(pattern: str) -> bool:
     return _SAFE_PATTERN.fullmatch(pattern) is not None
 
 
+# Keywords under which a subschema that refuses more makes the schema accept more: `not`,
+# `oneOf` (one branch fewer may leave exactly one), `if` (the other branch applies) and
+# `maxContains` (fewer items contained).
+_TURNING = frozenset({"not", "oneOf", "if", "maxContains"})
+
+
 def fast_safe(schema: Any) -> bool:
-    """Whether jsonschema-rs accepts nothing under `schema` that jsonschema refuses."""
+    """Whether jsonschema-rs accepts nothing under `schema` that jsonschema refuses. Its
+    regexes match less, which refuses more, except where a keyword turns that around: a
+    schema with a `pattern` and any of `_TURNING` (wherever each is: a `$ref` may join
+    them), and one with `patternProperties` (a name its regex misses escapes the
+    property's schema), are for jsonschema alone."""
+    keys: set[str] = set()
+    return _safe_parts(schema, keys) and not ("pattern" in keys and keys & _TURNING)
+
+
+def _safe_parts(schema: Any, keys: set[str]) -> bool:
+    """`fast_safe` of each part on its own; `keys` gathers every key met on the way."""
     if isinstance(schema, Mapping):
+        keys.update(k for k in schema if isinstance(k, str))
         for key, value in schema.items():
             if key == "pattern" and isinstance(value, str) and not _safe_pattern(value):
                 return False
-            if (
-                key == "patternProperties"
-                and isinstance(value, Mapping)
-                and not all(isinstance(p, str) and _safe_pattern(p) for p in value)
-            ):
+            if key == "patternProperties":
                 return False
             if key == "multipleOf" and isinstance(value, float | int) and type(value) is not int:
                 return False
@@ -73,11 +88,11 @@ def fast_safe(schema: Any) -> bool:
                 return False
             if key in ("$dynamicRef", "$dynamicAnchor", "$recursiveRef"):
                 return False
-            if not fast_safe(value):
+            if not _safe_parts(value, keys):
                 return False
         return True
     if isinstance(schema, list):
-        return all(fast_safe(item) for item in schema)
+        return all(_safe_parts(item, keys) for item in schema)
     return True
 
 

@@ -232,6 +232,36 @@ def test_schemas_where_jsonschema_rs_could_accept_more_use_jsonschema_alone(sche
     assert compile_fast({"type": "object", **schema}, "t") is None
 
 
+_DIGITS = {"type": "string", "pattern": r"^\d+$"}
+
+
+@pytest.mark.parametrize(
+    ("schema", "arguments"),
+    [
+        # "12\n" matches in Python (`$` before a final newline), not in jsonschema-rs: its
+        # stricter regex leaves one branch of the oneOf, and jsonschema finds two
+        ({"properties": {"b": {"oneOf": [{"type": "string"}, _DIGITS]}}}, {"b": "12\n"}),
+        ({"properties": {"b": {"not": _DIGITS}}}, {"b": "12\n"}),
+        ({"properties": {"b": {"if": _DIGITS, "then": {"maxLength": 1}}}}, {"b": "12\n"}),
+        ({"properties": {"b": {"contains": _DIGITS, "maxContains": 1}}}, {"b": ["12\n", "3"]}),
+        # a `$ref` joins the pattern to the `not` from elsewhere in the document
+        ({"$defs": {"d": _DIGITS}, "properties": {"b": {"not": {"$ref": "#/$defs/d"}}}}, {"b": "12\n"}),
+        # a name the stricter regex misses escapes the property's schema
+        ({"patternProperties": {r"^\d+$": False}}, {"12\n": 1}),
+    ],
+)
+def test_a_stricter_regex_that_a_keyword_turns_into_more_accepted_uses_jsonschema_alone(
+    schema: dict[str, Any], arguments: dict[str, Any]
+) -> None:
+    """Where refusing more under a keyword means accepting more (not, oneOf, if,
+    maxContains, patternProperties), jsonschema alone decides, and says invalid."""
+    schema = {"type": "object", **schema}
+    assert not fast_safe(schema)
+    assert compile_fast(schema, "t") is None
+    assert not jsonschema.Draft202012Validator(schema).is_valid(arguments)
+    assert not _verdict(schema, json.dumps(arguments))
+
+
 def test_a_schema_jsonschema_rs_cannot_compile_is_logged_once_and_still_checked(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
