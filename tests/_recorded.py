@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,21 @@ import pytest
 
 from dispatcher import _recording
 from dispatcher._recording import Recorder, encode_line
+
+
+@contextmanager
+def submitted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, ...]]]:
+    """Every batch handed to a recorder meanwhile, as the parts `Recorder._record_of` takes."""
+    seen: list[tuple[Any, ...]] = []
+    submit = Recorder.submit
+
+    def watched(self: Recorder, *parts: Any) -> Any:
+        seen.append(parts)
+        return submit(self, *parts)
+
+    with monkeypatch.context() as m:
+        m.setattr(Recorder, "submit", watched)
+        yield seen
 
 
 def read_line(line: bytes) -> dict[str, Any]:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from dispatcher._recording import Recorder, _copied_calls, read_recording
 
 from ._fakes import TEXT_SCHEMA, openai_call
 from ._recorded import assert_reads_as, one_pass_line, part_by_part, read_line
+from ._recorded import submitted as _submitted
 
 SECRET = "sk-live-0123456789abcdef"  # never in a recording
 DEFAULT_SECRET = "default-secret-value-42"
@@ -202,21 +202,6 @@ _KINDS = [
     "numbers",
 ]
 _ENDINGS = ["", "kbd", "interrupts"]  # a batch cut short: by a tool's Ctrl-C, or a tool asking
-
-
-@contextmanager
-def _submitted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, ...]]]:
-    """Every batch handed to a recorder meanwhile, as the parts `Recorder._record_of` takes."""
-    seen: list[tuple[Any, ...]] = []
-    submit = Recorder.submit
-
-    def watched(self: Recorder, *parts: Any) -> Any:
-        seen.append(parts)
-        return submit(self, *parts)
-
-    with monkeypatch.context() as m:
-        m.setattr(Recorder, "submit", watched)
-        yield seen
 
 
 def _general(parts: tuple[Any, ...], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:

@@ -6,8 +6,7 @@ and a rows line is much smaller than the batch record it stands for."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from dispatcher._recording import FORMAT_VERSION, Recorder, encode_line, line_ha
 
 from ._fakes import Counter, fake_registry, openai_call
 from ._recorded import assert_reads_as, assert_same, kinds, part_by_part, read_line, read_lines
+from ._recorded import submitted as _submitted
 from .test_replay_stream import _edits, _read_by_stream, _read_whole, _replay_both
 
 SECRET = "sk-live-0123456789abcdef"  # sends its batch to the part-by-part builder
@@ -55,21 +55,6 @@ async def _session_batches(path: Path, session: str = "rows") -> None:
         await s.dispatch([openai_call("12", "echo", {"text": "c"}), openai_call("13", "cut", {})])
     await s.dispatch([openai_call("14", "echo", {"text": "after"})])
     s.close()
-
-
-@contextmanager
-def _submitted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, ...]]]:
-    """Every batch handed to a recorder meanwhile, as the parts `Recorder._record_of` takes."""
-    seen: list[tuple[Any, ...]] = []
-    submit = Recorder.submit
-
-    def watched(self: Recorder, *parts: Any) -> Any:
-        seen.append(parts)
-        return submit(self, *parts)
-
-    with monkeypatch.context() as m:
-        m.setattr(Recorder, "submit", watched)
-        yield seen
 
 
 def _lines(data: bytes) -> list[bytes]:
