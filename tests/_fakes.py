@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -60,6 +61,22 @@ def tool_context(name: str, session: FakeSession | None = None, call_id: str = "
 def done(args: Mapping[str, Any], ctx: Any) -> str:
     """A handler for tools whose running is not the point of the test."""
     return "done"
+
+
+async def swallow(args: Mapping[str, Any], ctx: Any) -> str:
+    """Waits past its timeout, swallows its cancellation and returns."""
+    with contextlib.suppress(BaseException):
+        await anyio.sleep(10)
+    return "late"
+
+
+def raiser(exc: BaseException) -> Any:
+    """A handler that raises `exc`."""
+
+    async def handler(args: Mapping[str, Any], ctx: Any) -> Any:
+        raise exc
+
+    return handler
 
 
 def path_schema(**extra: Any) -> dict[str, Any]:

@@ -22,6 +22,8 @@ from dispatcher._credentials import redact_json_text
 from dispatcher._execute import HookSet
 
 from ._fakes import call, openai_call
+from ._fakes import raiser as _raiser
+from ._fakes import swallow as _swallow
 
 SECRET = "hunter2hunter2Secret"
 
@@ -160,20 +162,6 @@ async def test_arguments_that_are_not_an_object_quote_no_part_of_a_secret(tmp_pa
 
 
 # --- pass 2's fast paths answer as the general one --------------------------------------------
-
-
-async def _swallow(args: Mapping[str, Any], ctx: Any) -> str:
-    """Waits past its timeout, swallows its cancellation and returns."""
-    with contextlib.suppress(BaseException):
-        await anyio.sleep(10)
-    return "late"
-
-
-def _raiser(exc: BaseException) -> Any:
-    async def handler(args: Mapping[str, Any], ctx: Any) -> Any:
-        raise exc
-
-    return handler
 
 
 def _returner(value: Any) -> Any:

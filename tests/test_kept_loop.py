@@ -6,7 +6,6 @@ is told in its ToolContext."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -21,6 +20,8 @@ from hypothesis import strategies as st
 from dispatcher import Dispatcher, DispatchInterrupted, HookBlocked, Registry, Tool, ToolError
 
 from ._fakes import openai_call
+from ._fakes import raiser as _raiser
+from ._fakes import swallow as _swallow
 
 
 async def _quick(args: Mapping[str, Any], ctx: Any) -> str:
@@ -43,19 +44,6 @@ async def _mapping(args: Mapping[str, Any], ctx: Any) -> Any:
 
 async def _huge(args: Mapping[str, Any], ctx: Any) -> str:
     return "\u00e9" * 3000
-
-
-async def _swallow(args: Mapping[str, Any], ctx: Any) -> str:
-    with contextlib.suppress(BaseException):
-        await anyio.sleep(10)
-    return "late"
-
-
-def _raiser(exc: BaseException) -> Any:
-    async def handler(args: Mapping[str, Any], ctx: Any) -> Any:
-        raise exc
-
-    return handler
 
 
 async def _nested(args: Mapping[str, Any], ctx: Any) -> str:
