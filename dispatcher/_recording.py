@@ -458,6 +458,20 @@ _ARGUMENTS = itemgetter(2)  # of a row
 _SENT = attrgetter("sent")  # of a planned call
 
 
+def _rows_record(
+    run_id: int, round: int, all_loaded: bool, rows: Any, control: BaseException | None
+) -> dict[str, Any]:
+    """The common batch's `rows` record of `rows` (`_common_rows`), less `seq` and `prev`."""
+    return {
+        "type": "rows",
+        "run": run_id,
+        "round": round,
+        "all_loaded": all_loaded,
+        "rows": rows,
+        "control": None if control is None else type(control).__name__,
+    }
+
+
 _ENCODED_FROM = 16  # calls in a batch from which `_common_rows` encodes its rows at once
 _ORJSON_INTS = range(-(2**63), 2**64)  # the integers orjson writes
 
@@ -739,7 +753,7 @@ class Recorder:
             if fd is None or not named:
                 return False
             line = None
-            if not decisions and self._rows and self.problem is None and self._seq is not None:
+            if not decisions and self._rows and self._seq is not None:  # `submit` asked of `problem`
                 line = self._common_line(run_id, round, calls, plan, results, control, all_loaded, rewritten)
             if line is not None:
                 seq, encoded = line
@@ -787,16 +801,8 @@ class Recorder:
                 return None
             assert self._seq is not None
             seq = self._seq + 1
-            record = {
-                "type": "rows",
-                "run": run_id,
-                "round": round,
-                "all_loaded": all_loaded,
-                "rows": rows,
-                "control": None if control is None else type(control).__name__,
-                "seq": seq,
-                "prev": self._prev,
-            }
+            record = _rows_record(run_id, round, all_loaded, rows, control)
+            record["seq"], record["prev"] = seq, self._prev
             return seq, orjson.dumps(record, default=str, option=_LINE_OPTIONS)
         except Exception:  # what orjson refuses, and whatever else: `record_batch` says why
             return None
@@ -1086,29 +1092,19 @@ class Recorder:
         control: BaseException | None,
         all_loaded: bool = False,
         rewritten: bool = True,
-        rows: bool = True,
     ) -> tuple[dict[str, Any], bool]:
         """(the record of one batch, as its line holds it less `seq` and `prev`; whether
         `_common_rows` built it: the common batch's `rows` record, built in one pass,
-        which holds no float for `encode_line` to look for but its results' times).
-        `rows=False`: a `batch` record always (the file goes on from a recording of format
-        2, whose readers know no other)."""
-        if not decisions and rows:
+        which holds no float for `encode_line` to look for but its results' times; a file
+        of format 2 gone on with gets the batch record it stands for: see `_append_all`)."""
+        if not decisions:
             # its rows encoded apart only when orjson takes the rest of the record too (a
             # run or round past 64 bits, from a snapshot say, would send it to json, which
             # cannot write a fragment)
             apart = type(run_id) is type(round) is int and run_id in _ORJSON_INTS and round in _ORJSON_INTS
             common = _common_rows(calls, plan.calls, results, rewritten, apart)
             if common is not None:
-                record = {
-                    "type": "rows",
-                    "run": run_id,
-                    "round": round,
-                    "all_loaded": all_loaded,
-                    "rows": common,
-                    "control": None if control is None else type(control).__name__,
-                }
-                return record, True
+                return _rows_record(run_id, round, all_loaded, common, control), True
         secrets: set[str] = set()  # filled by the redaction of calls, decisions and keys
         # the common batch holds no credential anywhere: one scan says so for every call
         texts = [_openai_arguments(c) for c in calls]
