@@ -277,7 +277,7 @@ _OPTIONS: dict[str, dict[str, Any]] = {
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the builders know no loop: trio's is below
-@pytest.mark.parametrize("size", [15, 16, 17, 40])
+@pytest.mark.parametrize("size", [15, 16, 40])
 @pytest.mark.parametrize("how", sorted(_OPTIONS))
 async def test_every_kind_of_call_alone_in_a_large_batch_is_written_as_built_part_by_part(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int, how: str
@@ -482,7 +482,8 @@ def _slip_batches(template: str, size: int) -> list[list[Any]]:
     ]
 
 
-@pytest.mark.parametrize("size", [1, 15, 16, 40])
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the scan and the builders know no loop
+@pytest.mark.parametrize("size", [1, 15, 16])  # a small batch, then either side of encoding rows as one
 @pytest.mark.parametrize("template", _SLIPS)
 async def test_no_credential_slips_past_the_scan_of_an_untouched_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, template: str, size: int

@@ -847,7 +847,7 @@ def _compare(call: ToolCall, got: ToolResult, expected: Outcome) -> list[str]:
 # -- the machine, run ------------------------------------------------------------------------
 
 MACHINE_SETTINGS = settings(
-    max_examples=70,
+    max_examples=50,
     stateful_step_count=25,
     deadline=None,
     print_blob=True,

@@ -444,7 +444,7 @@ def _exact(value: Any) -> Any:
 
 
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 @given(_batches())
 def test_in_place_and_general_plans_are_the_same(batch: dict[str, Any]) -> None:
@@ -576,7 +576,7 @@ _WIDE = st.recursive(
 )
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(_WIDE_TEXT, _WIDE, max_size=4), st.booleans(), st.integers(0, 2))
 def test_floatless_json_is_read_and_written_as_json_does(
     value: dict[str, Any], ascii: bool, depth: int

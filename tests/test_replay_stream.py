@@ -5,6 +5,7 @@ against field by field, and a batch's calls read in one pass against `_replayed_
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -326,7 +327,9 @@ async def test_a_recording_taken_apart_replays_as_the_general_way_replays_it(
     data = path.read_bytes()
     assert (await _replay_both(data, registry, monkeypatch)).ok
     seen: set[Any] = set()
-    for name, edited in _edits(data, ends=2, chained=True):
+    edits = _edits(data, ends=2, chained=True)
+    # half of them, a different half for each recording (the reading tests take every edit)
+    for name, edited in random.Random(recording.__name__).sample(edits, len(edits) // 2):
         try:
             report = await _replay_both(edited, registry, monkeypatch)
         except KeyboardInterrupt:  # an edit that makes a Ctrl-C the replay's own: both raise it
