@@ -52,6 +52,7 @@ class CommitEffects:
 
 _NOTHING: frozenset[str] = frozenset()
 _OK = Status.ok
+_SCHEMA_REQUIRED = Status.schema_required
 _entry: Callable[[tuple[ToolResult, frozenset[str]]], DedupeEntry] = functools.partial(
     tuple.__new__, DedupeEntry
 )
@@ -100,25 +101,26 @@ def commit(
     cache_writes: list[CacheWrite] | None = None
     errors: dict[str, ErrorRecord] | None = None
     for planned in plan.calls:
-        ran = planned.index in executed
-        if planned.outcome is not None:
-            result: ToolResult | None = planned.outcome
-        elif planned.leader is not None:
-            led = results[planned.leader]
-            result = None if led is None else _served_again(led, planned.call_id)
+        # its fields read once (a named tuple's field read by name takes the generic lookup)
+        index, call_id, name, args, tool, outcome, leader, key, reads, writes, _, cache_key, used, _ = planned
+        ran = index in executed
+        if outcome is not None:
+            result: ToolResult | None = outcome
+        elif leader is not None:
+            led = results[leader]
+            result = None if led is None else _served_again(led, call_id)
         else:
-            result = executed.get(planned.index)
+            result = executed.get(index)
             if failures is not None and result is not None and result.status is not _OK:
-                result, record = note_failure(result, planned.args, failures)
+                result, record = note_failure(result, args, failures)
                 if record is not None:
                     if errors is None:
                         errors = {}
                     _count(errors, record)
         results.append(result)
-        writes = planned.writes
         if result is None:
             unfinished = True
-            if writes and planned.index in started:
+            if writes and index in started:
                 # started, then cancelled or blocked before it answered: it may have written
                 invalidated |= writes
                 forget_overlapping(remember, writes)
@@ -126,10 +128,10 @@ def commit(
                     cache_writes = [w for w in cache_writes if not resources_overlap(w.reads, writes)]
             continue
         ok = result.status is _OK
-        if not ok and planned.loads_schema:
-            loaded += (planned.name,)
-        if ran and planned.spent_approval:
-            spent += (planned.call_id,)
+        if not ok and outcome is not None and outcome.status is _SCHEMA_REQUIRED:  # `loads_schema`
+            loaded += (name,)
+        if ran and used:  # its approval spent
+            spent += (call_id,)
         if writes:
             if ran and (ok or result.effect_uncertain):
                 # a write that may have happened drops what it may have changed
@@ -140,16 +142,16 @@ def commit(
             continue  # writes are never remembered
         if not ok:
             continue  # failures are never remembered across rounds
-        if ran and (moved is None or (moved and resources_overlap(planned.reads, moved))):
+        if ran and (moved is None or (moved and resources_overlap(reads, moved))):
             continue  # it may have read what a write changed under it: returned, not kept
-        if planned.key is not None and (ran or result.cached):
-            remember[planned.key] = _entry((result, planned.reads))
-        if ran and planned.cache_key is not None and has_cache and planned.tool is not None:
-            policy = planned.tool.tool.cache
+        if key is not None and (ran or result.cached):
+            remember[key] = _entry((result, reads))
+        if ran and cache_key is not None and has_cache and tool is not None:
+            policy = tool.tool.cache
             if policy is not None:
                 if cache_writes is None:
                     cache_writes = []
-                cache_writes.append(CacheWrite(planned.cache_key, result.content, policy.ttl, planned.reads))
+                cache_writes.append(CacheWrite(cache_key, result.content, policy.ttl, reads))
     # every call with a result, in call order, paired with it (in one pass, after the loop)
     history: tuple[tuple[PlannedCall, ToolResult], ...] = (
         tuple(zip(plan.calls, results, strict=True))  # type: ignore[arg-type]  # no None among them

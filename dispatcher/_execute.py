@@ -668,7 +668,8 @@ class Executor:
         run_deadline, default_timeout = self._deadline, self._timeout
         while todo:
             planned = todo[0]
-            tool = planned.tool
+            # the fields read at once (a named tuple's field read by name is the generic lookup)
+            index, call_id, name, args, tool, _, _, _, _, _, _, _, _, _ = planned
             if slot.borrower is None or tool is None or not tool.is_async:
                 return  # the worker's loop takes it
             todo.popleft()
@@ -680,8 +681,7 @@ class Executor:
             spec = tool.tool
             timeout = spec.timeout or default_timeout
             borrower = slot.borrower
-            ctx = new_context(planned.call_id, planned.name, run_id, round_, deadline, host)
-            index = planned.index
+            ctx = new_context(call_id, name, run_id, round_, deadline, host)
             started_calls.add(index)
             started = time.time()
             t0 = time.monotonic()
@@ -689,7 +689,7 @@ class Executor:
             slot.running, slot.ctx, slot.started, slot.t0 = planned, ctx, started, t0
             slot.timeout, slot.deadline = timeout, now() + timeout
             try:
-                value = await spec.handler(planned.args, ctx)
+                value = await spec.handler(args, ctx)
                 slot.running, slot.deadline = None, _INF  # slot.idle()
                 if slot.cut:  # the watchdog cut it at its deadline, and it swallowed that
                     results[index] = self._timed_out(planned, timeout, started, t0)

@@ -60,8 +60,9 @@ class History(Sequence[HistoryEntry]):
         counts = self.by_status
         deduped = cached = 0
         for planned, result in committed:
-            args = planned.sent if planned.sent is not None else planned.args
-            append((run_id, round, planned.index, planned.call_id, planned.name, args, result))
+            # the fields read at once (a named tuple's field read by name is the generic lookup)
+            index, call_id, name, args, _, _, _, _, _, _, _, _, _, sent = planned
+            append((run_id, round, index, call_id, name, args if sent is None else sent, result))
             deduped += result.deduped
             cached += result.cached
             status = result.status  # a StrEnum: the member is its value as a key, read faster

@@ -234,42 +234,75 @@ class PlannerState:
     cancellation), by call id: dispatched again in the same run, they are served."""
 
 
+_NOTHING: frozenset[str] = frozenset()
+
+
 class Draft:
-    """A call while pass 1 decides it (mutable, private to pass 1). A plain class whose
-    defaults are its class's: one is made for every call of every batch, and setting four
-    fields costs a fraction of setting all of them."""
+    """A call while pass 1 decides it (mutable, private to pass 1). Slotted, and every
+    field set as it is made: one is made for every call of every batch and each field is
+    read several times, and on 3.11 a field read from the class (a default there) takes
+    the interpreter's generic lookup, where a slot's is specialized."""
+
+    __slots__ = (
+        "approval",
+        "args",
+        "arrived_key",
+        "cache_key",
+        "cacheable",
+        "call_id",
+        "concurrent",
+        "confirm",
+        "duplicate",
+        "entry",
+        "floatless",
+        "force",
+        "from_json",
+        "index",
+        "key",
+        "leader",
+        "name",
+        "outcome",
+        "plain",
+        "reads",
+        "sent",
+        "sent_json",
+        "spent_approval",
+        "step",
+        "via_run_tool",
+        "writes",
+    )
+    index: int
+    call_id: str
+    name: str
+    args: dict[str, Any] | None
+    via_run_tool: bool
+    step: str
+    entry: RegisteredTool | None
+    outcome: ToolResult | None
+    key: str | None
+    reads: frozenset[str]
+    writes: frozenset[str]
+    concurrent: bool
+    confirm: bool
+    force: bool
+    cache_key: str | None
+    cacheable: bool
+    leader: int | None
+    approval: Allow | None
+    spent_approval: bool
+    duplicate: bool
+    arrived_key: str | None  # the key of the arguments as the call arrived (before a gate)
+    sent: Mapping[str, Any] | None  # as the model sent them (less `force`): validated
+    sent_json: str | None  # ... and as history keeps them, immune to the handler
+    from_json: bool  # `args` came straight from JSON text (only JSON's types in them)
+    plain: bool  # keyed in place: a plain tool without defaults (see `lookups`)
+    floatless: bool  # read in place from JSON text without a float (`_scan_floatless`)
 
     def __init__(self, index: int, call_id: str, name: str, args: dict[str, Any] | None) -> None:
-        self.index = index
-        self.call_id = call_id
-        self.name = name
-        self.args = args
+        _filled(self, index, call_id, name, args)
 
     def __repr__(self) -> str:
         return f"Draft({self.index}, {self.call_id!r}, {self.name!r}, step={self.step!r})"
-
-    via_run_tool: bool = False
-    step: str = "parsed"
-    entry: RegisteredTool | None = None
-    outcome: ToolResult | None = None
-    key: str | None = None
-    reads: frozenset[str] = frozenset()
-    writes: frozenset[str] = frozenset()
-    concurrent: bool = False
-    confirm: bool = False
-    force: bool = False
-    cache_key: str | None = None
-    cacheable: bool = False
-    leader: int | None = None
-    approval: Allow | None = None
-    spent_approval: bool = False
-    duplicate: bool = False
-    arrived_key: str | None = None  # the key of the arguments as the call arrived (before a gate)
-    sent: Mapping[str, Any] | None = None  # as the model sent them (less `force`): validated
-    sent_json: str | None = None  # ... and as history keeps them, immune to the handler
-    from_json: bool = False  # `args` came straight from JSON text (only JSON's types in them)
-    plain: bool = False  # keyed in place: a plain tool without defaults (see `lookups`)
-    floatless: bool = False  # read in place from JSON text without a float (`_scan_floatless`)
 
     def advance(self, step: str) -> None:
         if (self.step, step) not in _ALLOWED:
@@ -284,6 +317,41 @@ class Draft:
         """The call as it stands, with a copy of its arguments: a gate that edits what it is
         shown changes nothing (`Allow(args=...)` is how a gate changes them)."""
         return ToolCall(id=self.call_id, name=self.name, arguments=copy.deepcopy(self.args or {}))
+
+
+def _filled(d: Draft, index: int, call_id: str, name: str, args: dict[str, Any] | None) -> Draft:
+    """`d`, every field set: `Draft(...)` without a class call (on 3.11 a call of a
+    function is specialized, a class call is not), for the common call in `parse`."""
+    d.index = index
+    d.call_id = call_id
+    d.name = name
+    d.args = args
+    d.via_run_tool = False
+    d.step = "parsed"
+    d.entry = None
+    d.outcome = None
+    d.key = None
+    d.reads = _NOTHING
+    d.writes = _NOTHING
+    d.concurrent = False
+    d.confirm = False
+    d.force = False
+    d.cache_key = None
+    d.cacheable = False
+    d.leader = None
+    d.approval = None
+    d.spent_approval = False
+    d.duplicate = False
+    d.arrived_key = None
+    d.sent = None
+    d.sent_json = None
+    d.from_json = False
+    d.plain = False
+    d.floatless = False
+    return d
+
+
+_new_draft: Callable[[type[Draft]], Draft] = object.__new__
 
 
 class PlannedCall(NamedTuple):
@@ -344,7 +412,6 @@ class Plan:
 
 
 _OK = Status.ok
-_new_draft: Callable[[type[Draft]], Draft] = object.__new__
 _CALL_ID = operator.attrgetter("call_id")
 # PlannedCall(...) is a lambda calling this; called directly, one frame fewer per call
 _planned_call: Callable[[type[PlannedCall], tuple[Any, ...]], PlannedCall] = tuple.__new__
@@ -512,11 +579,9 @@ class Planner:
                     end = -1
                 if end == size and type(args) is dict:
                     name = name.strip()
-                    d = _new_draft(Draft)  # Draft(...) without the frame of its __init__
-                    d.index = index
-                    d.call_id = call_id
-                    d.name = _clean_name(name) if "<|" in name else name
-                    d.args = args
+                    d = _filled(
+                        _new_draft(Draft), index, call_id, _clean_name(name) if "<|" in name else name, args
+                    )
                     d.from_json = True
                     if d.name == RUN_TOOL:
                         self._unwrap_run_tool(d, args)
