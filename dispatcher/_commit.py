@@ -52,7 +52,6 @@ class CommitEffects:
 
 _NOTHING: frozenset[str] = frozenset()
 _OK = Status.ok
-_SCHEMA_REQUIRED = Status.schema_required
 _entry: Callable[[tuple[ToolResult, frozenset[str]]], DedupeEntry] = functools.partial(
     tuple.__new__, DedupeEntry
 )
@@ -128,7 +127,7 @@ def commit(
                     cache_writes = [w for w in cache_writes if not resources_overlap(w.reads, writes)]
             continue
         ok = result.status is _OK
-        if not ok and outcome is not None and outcome.status is _SCHEMA_REQUIRED:  # `loads_schema`
+        if not ok and planned.loads_schema:
             loaded += (name,)
         if ran and used:  # its approval spent
             spent += (call_id,)

@@ -243,34 +243,6 @@ class Draft:
     read several times, and on 3.11 a field read from the class (a default there) takes
     the interpreter's generic lookup, where a slot's is specialized."""
 
-    __slots__ = (
-        "approval",
-        "args",
-        "arrived_key",
-        "cache_key",
-        "cacheable",
-        "call_id",
-        "concurrent",
-        "confirm",
-        "duplicate",
-        "entry",
-        "floatless",
-        "force",
-        "from_json",
-        "index",
-        "key",
-        "leader",
-        "name",
-        "outcome",
-        "plain",
-        "reads",
-        "sent",
-        "sent_json",
-        "spent_approval",
-        "step",
-        "via_run_tool",
-        "writes",
-    )
     index: int
     call_id: str
     name: str
@@ -297,6 +269,7 @@ class Draft:
     from_json: bool  # `args` came straight from JSON text (only JSON's types in them)
     plain: bool  # keyed in place: a plain tool without defaults (see `lookups`)
     floatless: bool  # read in place from JSON text without a float (`_scan_floatless`)
+    __slots__ = tuple(__annotations__)  # the fields above, each a slot
 
     def __init__(self, index: int, call_id: str, name: str, args: dict[str, Any] | None) -> None:
         _filled(self, index, call_id, name, args)

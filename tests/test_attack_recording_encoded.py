@@ -204,10 +204,6 @@ _KINDS = [
 _ENDINGS = ["", "kbd", "interrupts"]  # a batch cut short: by a tool's Ctrl-C, or a tool asking
 
 
-def _general(parts: tuple[Any, ...], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    return part_by_part(parts, monkeypatch)
-
-
 def _as_copied(parts: tuple[Any, ...]) -> tuple[Any, ...]:
     """A batch's parts as the writer thread gets them from a batch that does not wait: its
     calls copied (`_copied_calls`: ids and names made text), when they can be."""
@@ -233,7 +229,7 @@ def _check_file(
     how = []
     for line, parts in zip(lines, submitted, strict=True):
         written = read_line(line)
-        expected = _general(parts, monkeypatch)
+        expected = part_by_part(parts, monkeypatch)
         expected["seq"], expected["prev"] = written["seq"], written["prev"]
         assert_reads_as(line, expected)
         fast, plain = Recorder._record_of(*(_as_copied(parts) if copied else parts))
@@ -537,7 +533,7 @@ async def test_a_large_batch_whose_run_number_orjson_refuses_is_encoded_as_built
     parts = (2**64, *parts[1:])  # the run number
     fast, plain = Recorder._record_of(*parts)
     assert plain and type(fast["rows"]) is list  # json writes the line: a list it can write
-    expected = _general(parts, monkeypatch)
+    expected = part_by_part(parts, monkeypatch)
     line = one_pass_line(fast, plain)
     assert not line.startswith(b'{"type":"rows"')  # json's, not orjson's, separators
     assert_reads_as(line, expected)
@@ -628,7 +624,7 @@ async def test_a_result_whose_status_is_text_is_recorded_as_the_general_builder_
     with pytest.raises(AttributeError):  # the one-pass builders as the general one: no line
         Recorder._record_of(*parts)
     with pytest.raises(AttributeError):
-        _general(parts, monkeypatch)
+        part_by_part(parts, monkeypatch)
 
 
 @pytest.mark.parametrize("size", [15, 16, 40])
