@@ -114,6 +114,7 @@ _FORM: Final = re.compile(r"[^=&\s]+=[^&\s]*(?:&[^=&\s]+=[^&\s]*)*")
 _MARKER: Final = re.compile(r"redacted\.len-[0-9]+\.xxh3-[0-9a-f]{16}")
 _URL_DROPPED: Final = re.compile(r"[\t\r\n]")
 _URL_KEYS: Final = ("url", "uri", "href")
+_CARRIER_KEYS: Final = frozenset({"headers", "params", *_URL_KEYS})  # what `carries_credentials` reads
 
 MIN_ECHO_LENGTH: Final = 6
 """Shorter secrets are not searched for in result text: they would match ordinary words."""
@@ -240,6 +241,8 @@ def carries_credentials(args: Mapping[str, Any]) -> bool:
     """True if the arguments carry a credential: a credential header (mapping or pairs),
     a credential query parameter or user info in `url`/`uri`/`href`, or a credential
     parameter in `params`. Such a call's result is never written to the result cache."""
+    if _CARRIER_KEYS.isdisjoint(args):  # the common call: none of the names looked at
+        return False
     get = args.get
     headers = get("headers")
     if headers is not None and any(is_credential_name(name) for name in _header_names(headers)):

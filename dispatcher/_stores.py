@@ -23,6 +23,9 @@ __all__ = ["epoch_before", "look_up", "moved_elsewhere", "remember_failures", "u
 log = logging.getLogger("threepass.session")
 
 
+_ENTRY_ONLY = frozenset({CacheEntry})
+
+
 async def look_up(store: ResultCache, keys: Sequence[str]) -> Mapping[str, CacheEntry]:
     """The store's live entries among `keys`; a store's fault is a miss, never a failure."""
     try:
@@ -35,6 +38,8 @@ async def look_up(store: ResultCache, keys: Sequence[str]) -> Mapping[str, Cache
     if not isinstance(found, Mapping):
         log.warning("result cache returned %s, not a mapping; treated as misses", shown(found))
         return {}
+    if type(found) is dict and _ENTRY_ONLY.issuperset(map(type, found.values())):
+        return found  # the common answer, every value an entry: nothing to drop
     good: dict[str, CacheEntry] = {}
     for key, hit in found.items():
         if isinstance(hit, CacheEntry):

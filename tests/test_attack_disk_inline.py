@@ -288,6 +288,24 @@ async def test_a_memoised_entry_expires_on_the_loop_by_the_clock(folder: Path) -
     assert stats.expired == 2 and stats.errors == 0
 
 
+async def test_lookups_on_the_loop_count_as_the_thread_counts(tmp_path: Path) -> None:
+    """Hits, misses and expiries counted by lookups on the loop, from the memo or decoded
+    anew, are what the same lookups on a thread count, key for key."""
+    clock = FakeClock(time.time())
+    loop, thread = (DiskResultCache(tmp_path / n, clock=clock) for n in ("loop", "thread"))
+    for disk in (loop, thread):
+        disk.set_many_sync([CacheWrite(f"k{i}", f"v{i}", 30 if i % 3 else 600) for i in range(9)])
+    rounds = [["k0", "k1", "nope"], [f"k{i}" for i in range(9)] + ["k1", "nope"], ["k2", "k3"]]
+    for n, asked in enumerate(rounds * 2):
+        if n == len(rounds):
+            clock.now += 31  # k1, k2, k4, k5, k7, k8 expire
+        on_loop = {k: e.content for k, e in (await loop.get_many(asked)).items()}
+        assert on_loop == {k: e.content for k, e in thread.get_many_sync(asked).items()}
+    a, b = await loop.statistics(), thread.statistics_sync()
+    assert (a.hits, a.misses, a.expired, a.errors) == (b.hits, b.misses, b.expired, b.errors)
+    assert a.expired > 0 and a.hits > 0
+
+
 @pytest.mark.parametrize(
     "junk",
     [
