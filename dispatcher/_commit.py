@@ -18,7 +18,7 @@ import attrs
 from ._errors import MAX_ERRORS_PER_BATCH, FailureNotes, note_failure
 from ._history import History
 from ._plan import DedupeEntry, FinishedCall, Plan, PlannedCall, PlannerState, _served_again
-from ._policy import resources_overlap
+from ._policy import NO_RESOURCES, resources_overlap
 from ._seams import CacheWrite, ErrorRecord
 from ._types import Status, ToolResult, ToolResultEvent
 
@@ -50,7 +50,6 @@ class CommitEffects:
     """The failures of calls that ran, one per signature (counted), for the error store."""
 
 
-_NOTHING: frozenset[str] = frozenset()
 _OK = Status.ok
 _entry: Callable[[tuple[ToolResult, frozenset[str]]], DedupeEntry] = functools.partial(
     tuple.__new__, DedupeEntry
@@ -96,7 +95,7 @@ def commit(
     # what most batches never add to starts empty and immutable, made anew as it grows
     loaded: tuple[str, ...] = ()
     spent: tuple[str, ...] = ()
-    invalidated = _NOTHING
+    invalidated = NO_RESOURCES
     cache_writes: list[CacheWrite] | None = None
     errors: dict[str, ErrorRecord] | None = None
     for planned in plan.calls:

@@ -31,7 +31,7 @@ import xxhash
 
 from ._credentials import carries_credentials, redact_arguments, redact_json_text
 from ._fastcheck import fast_verdict
-from ._policy import resources_overlap
+from ._policy import NO_RESOURCES, resources_overlap
 from ._registry import RegisteredTool, Registry
 from ._results import DEFAULT_MAX_OUTPUT_BYTES, describe, failure_result, normalize_output, safe_text, shown
 from ._seams import CacheEntry
@@ -234,9 +234,6 @@ class PlannerState:
     cancellation), by call id: dispatched again in the same run, they are served."""
 
 
-_NOTHING: frozenset[str] = frozenset()
-
-
 class Draft:
     """A call while pass 1 decides it (mutable, private to pass 1). Slotted, and every
     field set as it is made: one is made for every call of every batch and each field is
@@ -304,8 +301,8 @@ def _filled(d: Draft, index: int, call_id: str, name: str, args: dict[str, Any] 
     d.entry = None
     d.outcome = None
     d.key = None
-    d.reads = _NOTHING
-    d.writes = _NOTHING
+    d.reads = NO_RESOURCES
+    d.writes = NO_RESOURCES
     d.concurrent = False
     d.confirm = False
     d.force = False

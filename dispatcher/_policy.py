@@ -11,9 +11,12 @@ from typing import Any, Literal
 
 import attrs
 
-__all__ = ["DEFAULT_TTL", "CachePolicy", "resources_overlap"]
+__all__ = ["DEFAULT_TTL", "NO_RESOURCES", "CachePolicy", "resources_overlap"]
 
 DEFAULT_TTL = 1800.0
+
+NO_RESOURCES: frozenset[str] = frozenset()
+"""What a call that reads (or writes) nothing holds: one value, made once."""
 
 
 @attrs.frozen

@@ -760,8 +760,7 @@ class Recorder:
                 try:
                     self._write(fd, encoded, seq, line_hash(memoryview(encoded)[:-1]))
                 except Exception as exc:  # OSError: a full disk, a folder gone
-                    self._stop(exc)
-                    self._close_file()
+                    self._stop(exc, close=True)
             else:
                 self._named_fd = fd  # `_open` need not look again
                 self.record_batch(
@@ -1047,13 +1046,15 @@ class Recorder:
         except Exception as exc:  # OSError: a full disk, a folder gone
             failed = exc
         if failed is not None:
-            # the batch goes on; the recording stops
-            self._stop(failed)
-            self._close_file()
+            self._stop(failed, close=True)  # the batch goes on; the recording stops
 
-    def _stop(self, exc: Exception) -> None:
+    def _stop(self, exc: Exception, *, close: bool = False) -> None:
+        """The recording stops for `exc`, said once in the log; `close`: a write failed, and
+        the file it went to is closed too."""
         self.problem = exc
         log.error("recording to %s failed and stops here: %s", self.path, exc)
+        if close:
+            self._close_file()
 
     def record_batch(
         self,
