@@ -7,6 +7,7 @@ installed. Timing values are never asserted, only what each system did.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -141,5 +142,40 @@ def test_the_floors_section_measures_every_workload_and_says_each_goal() -> None
     assert figures["replay"]["calls"] > 0 and figures["replay"]["replay_calls_per_s"] > 0
     assert all(figures["per_request"][k] > 0 for k in ("make_us", "first_us", "kept_us"))
     assert "A dispatcher made per request" in table
+    assert all(figures["recording"][size]["floor"] > 0 for size in ("1", "100"))
+    assert "line floor" in table
     verdicts = floors.goals(figures)
     assert len(verdicts) == 9 and all(goal.met in (True, False) for goal in verdicts)
+
+
+def test_the_line_floor_writes_the_rows_line_a_recording_writes(tmp_path: Path) -> None:
+    """The recording's floor in bench/floors.py writes, for a batch, the line a recorded
+    session writes for it: the same record, field for field and in key order, but for
+    each call's key (zeros) and where the line stands in its file."""
+    import json
+
+    import trio
+
+    from bench import floors
+
+    calls = floors.batch("echo", 3, 0)
+    floor = floors.LineFloor(tmp_path / "floor.jsonl")
+    recorded = floors.Threepass(record=tmp_path / "recorded.jsonl", session="recorded")
+
+    async def both() -> None:
+        await floor.run_batch(calls)
+        await recorded.run_batch(calls)
+
+    trio.run(both)
+    floor.close()
+    recorded.session.close()
+    (ours,) = [json.loads(line) for line in (tmp_path / "floor.jsonl").read_text().splitlines()]
+    theirs = json.loads((tmp_path / "recorded.jsonl").read_text().splitlines()[-1])
+    assert list(ours) == list(theirs) and ours["type"] == "rows"
+    for record in (ours, theirs):
+        for row in record["rows"]:
+            assert len(row[3]) == 32
+            row[3] = row[11] = row[12] = None  # the key; when the call started and how long it took
+        for field in ("seq", "prev", "run"):
+            record[field] = None
+    assert ours == theirs
