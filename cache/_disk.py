@@ -413,8 +413,8 @@ def _read_values(
     for start in range(0, len(keys), _MANY):
         chunk = keys[start : start + _MANY]
         query = _SELECT_VALUES.format(", ".join("?" * len(chunk)))
-        # the key off each row's front in one slice (a starred target builds a list, then the tuple)
-        rows.update({row[0]: row[1:] for row in con.execute(query, (*chunk, wall_now))})
+        for row in con.execute(query, (*chunk, wall_now)):
+            rows[row[0]] = row[1:]  # one slice (a starred target builds a list, then the tuple)
     return rows
 
 
@@ -554,20 +554,13 @@ class DiskResultCache:
                 return None
             if not (isinstance(access_time, float) and wall_now - access_time < _TOUCH_AFTER):
                 return None
-        # what `_live` does for each key, the entries decoded before served from the memo
-        # at one reading of the clock: the common hit, a value seen before
+        # the clock read once for the whole lookup
         found: dict[str, CacheEntry] = {}
-        memo, now, hits = self._decoded, self._clock(), 0
+        now = self._clock()
         for key in asked:
             row = rows.get(key)
-            value = None if row is None else row[4]
-            decoded = None if value is None else memo.get(value)
-            if decoded is not None and now < decoded[0]:
-                found[key] = decoded[1]
-                hits += 1
-            elif (entry := self._live(value)) is not None:
+            if (entry := self._live(None if row is None else row[4], now)) is not None:
                 found[key] = entry
-        self._counters.hits += hits
         return found
 
     async def set(self, key: str, content: str, *, ttl: float, reads: Iterable[str] = ()) -> None:
@@ -640,8 +633,9 @@ class DiskResultCache:
             self._counters.misses += len(asked) - done  # the keys never answered
         return found
 
-    def _live(self, raw: bytes | None) -> CacheEntry | None:
-        """The entry in a stored value if it decodes and has not expired, counted."""
+    def _live(self, raw: bytes | None, now: float | None = None) -> CacheEntry | None:
+        """The entry in a stored value if it decodes and has not expired (at `now`, else at
+        the clock's reading), counted."""
         if raw is None:
             self._counters.misses += 1
             return None
@@ -658,7 +652,7 @@ class DiskResultCache:
                     self._decoded.clear()
                 self._decoded[raw] = decoded
         expires_at, entry = decoded
-        if self._clock() >= expires_at:
+        if (self._clock() if now is None else now) >= expires_at:
             self._counters.expired += 1
             self._counters.misses += 1
             return None
