@@ -44,7 +44,7 @@ import trio
 import xxhash
 
 from dispatcher import Dispatcher, Registry, Tool
-from dispatcher._recording import replay
+from dispatcher._recording import line_hash, replay
 
 from .workloads import Call, FloorRunner, Goal, Toolbox
 
@@ -190,6 +190,9 @@ class Threepass:
         return [r.content for r in await self.session.dispatch(list(calls))]
 
 
+_NO_KEY = "0" * 32  # a call's key in the line floor's rows: its length, not its making
+
+
 class LineFloor:
     """A session without a recording, then, after each batch, the least that a recording
     whose batches wait for their line does on the loop: the rows record of the batch (its
@@ -225,16 +228,13 @@ class LineFloor:
             "prev": self._prev,
         }
         line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
-        self._prev = xxhash.xxh3_64_hexdigest(line[:-1])
+        self._prev = line_hash(memoryview(line)[:-1])  # the chain's hash, as the recorder takes it
         if os.fstat(self._fd).st_nlink:
             os.write(self._fd, line)
         return [r.content for r in results]
 
     def close(self) -> None:
         os.close(self._fd)
-
-
-_NO_KEY = "0" * 32
 
 
 class TodaysFloor:
