@@ -754,7 +754,7 @@ class Planner:
                             )
                 if 0 <= size <= max_args:
                     if policy is not None:  # as `_evaluate_seams` leaves a call of such a tool
-                        d.reads = d.writes = frozenset()
+                        d.reads = d.writes = NO_RESOURCES
                         d.cacheable = cache_key is not None
                         if cache_key is not None:
                             d.cache_key = cache_key
