@@ -464,7 +464,16 @@ class BlockWatch:
     (A trio instrument timing each task step is exact, but costs about a microsecond a
     step and ten to install; asyncio has no step hook at all. The probe is the same on
     both.) `enter()`/`exit()` bracket each batch; idle, the thread parks, and it ends
-    after a second of idleness (the next batch starts another)."""
+    after a second of idleness (the next batch starts another). A batch that ended since
+    the last look shows the loop was not held until then, as a probe run would.
+
+    The thread takes its turn at the GIL from the loop's thread, which gives way to it
+    (`_give_way`) at a batch's edge once the thread is due to wake. Left to win the GIL
+    alone, a thread that wakes while the loop's thread runs and releases the GIL for
+    brief system calls (a recording's write, SQLite, a file's stat) loses nearly every
+    race for it, and waits for it for a tenth of a second a time: all that while, each
+    such release wakes it in vain, which made every one of those calls cost a wake-up of
+    another core (14 µs instead of 1 on a virtual machine)."""
 
     def __init__(
         self,
@@ -488,6 +497,9 @@ class BlockWatch:
         self._sampler: threading.Thread | None = None
         self._answered = threading.Event()
         self._suspect: tuple[Any, float, Any] | None = None  # (what, seconds, whom): held past the threshold
+        self._ended = 0  # batches ended
+        # (when the thread wakes, set once it runs again): published before each of its waits
+        self._wake: tuple[float, threading.Event] = (math.inf, threading.Event())
 
     def enter(self) -> None:
         self._batches += 1
@@ -498,14 +510,36 @@ class BlockWatch:
                     sampler = threading.Thread(target=self._watch, name="threepass-block-watch", daemon=True)
                     self._sampler = sampler
                     sampler.start()
+                    return
+            self._give_way()  # woken from its park, it wants the GIL now
 
     def exit(self) -> None:
         self._batches -= 1
+        self._ended += 1
+        if time.monotonic() >= self._wake[0]:
+            self._give_way()
+
+    def _give_way(self) -> None:
+        """On the loop's thread: wait, the GIL released, until the watch's thread has run
+        since its last wait began (at most `_GIVE_WAY` seconds; one that is late is not
+        waited for again until its next wait)."""
+        wake = self._wake
+        if not wake[1].wait(_GIVE_WAY) and self._wake is wake:
+            self._wake = (math.inf, wake[1])
+
+    def _waiting(self, until: float) -> None:
+        """On the watch's thread, before each wait: when it is to wake (or inf, when the loop wakes it)."""
+        self._wake = (until, threading.Event())
+
+    def _running(self) -> None:
+        """On the watch's thread, after each wait: it holds the GIL again."""
+        self._wake[1].set()
 
     def _answer(self) -> None:
         """The probe, run by the loop: it was held if the thread saw who held it."""
         suspect, self._suspect = self._suspect, None
         self._answered.set()
+        self._give_way()  # the thread waiting for the answer wakes now
         if suspect is not None:
             try:
                 self._report(*suspect)
@@ -517,7 +551,10 @@ class BlockWatch:
         while True:
             if not self._batches:
                 self._awake.clear()
-                if not self._awake.wait(1.0):
+                self._waiting(math.inf)
+                woken = self._awake.wait(1.0)
+                self._running()
+                if not woken:
                     with self._starting:
                         if not self._awake.is_set():
                             self._sampler = None
@@ -525,6 +562,7 @@ class BlockWatch:
             self._answered.clear()
             posted = time.monotonic()
             seen: tuple[Any, float, Any] | None = None
+            ended = self._ended
             try:
                 post = self._post()
                 if post is None:
@@ -535,11 +573,18 @@ class BlockWatch:
                 with self._starting:
                     self._sampler = None
                 return
-            while not self._answered.wait(self._period):
+            while True:
+                self._waiting(time.monotonic() + self._period)
+                answered = self._answered.wait(self._period)
+                self._running()
+                if answered:
+                    break
                 if not self._batches and time.monotonic() - posted > 1.0:
                     break  # a loop that ended with the probe unrun
                 now = time.monotonic()
-                if now - posted > stale:
+                if self._ended != ended:  # the loop was not held when that batch ended
+                    ended, posted, seen = self._ended, now, None
+                elif now - posted > stale:
                     frame = sys._current_frames().get(self._loop_thread)
                     try:
                         found = None if frame is None else self._culprit(frame)
@@ -551,7 +596,12 @@ class BlockWatch:
                         if held > self._threshold:
                             self._suspect = (found[0], held, found[2])
                     seen = found
+            self._waiting(time.monotonic() + self._period)
             time.sleep(self._period)
+            self._running()
+
+
+_GIVE_WAY = 0.0005  # seconds the loop's thread waits at most for the block watch's to run
 
 
 _BLOCK_WATCHES: trio.lowlevel.RunVar[dict[float, BlockWatch]] = trio.lowlevel.RunVar("threepass_watches")

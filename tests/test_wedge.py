@@ -5,7 +5,9 @@ call, and async tools that hold the loop caught."""
 from __future__ import annotations
 
 import logging
+import os
 import re
+import statistics
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -389,6 +391,48 @@ async def test_the_dispatchers_of_a_loop_share_one_block_watch(caplog: pytest.Lo
     assert other.statistics().loop_blocks == 0  # its threshold is not reached
     [message] = warnings_about(caplog, "held the event loop")
     assert message.startswith("tool holds (call b) held the event loop for 0.")
+
+
+async def test_the_block_watch_runs_when_due_beside_a_loop_that_makes_brief_system_calls(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop's thread that runs batch after batch, releasing the GIL only for brief system
+    calls (as a recording's write or SQLite does), gives way to the block watch's thread at
+    a batch's edge once it is due: the thread runs within milliseconds of each wake. Left
+    to race for the GIL, it lost nearly every time and waited a tenth of a second or more,
+    while each of those calls woke it in vain."""
+
+    async def brief(args: Mapping[str, Any], ctx: Any) -> str:
+        return "brief"
+
+    d = Dispatcher(Registry([tool("brief", brief)]))
+    s = d.session("s")
+    await s.dispatch([ToolCall("0", "brief", {})])
+    watch = d.watch.blocking
+    assert watch is not None
+    lags: list[float] = []
+    running = watch._running
+
+    def timed() -> None:  # on the watch's thread, as it runs again
+        due = watch._wake[0]
+        if due != float("inf"):
+            lags.append(time.monotonic() - due)
+        running()
+
+    monkeypatch.setattr(watch, "_running", timed)
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        n, until = 0, time.monotonic() + 0.6
+        while time.monotonic() < until:  # never yields to the loop: the probe stays unanswered
+            n += 1
+            s.new_run()  # the call runs again, rather than being served as a repeat
+            await s.dispatch([ToolCall(str(n), "brief", {})])
+            for _ in range(3):
+                os.fstat(fd)
+    finally:
+        os.close(fd)
+    assert len(lags) >= 10, lags  # every period of 20 ms, not now and then
+    assert statistics.median(lags) < 0.003, sorted(lags)
 
 
 def test_statistics_is_a_frozen_value() -> None:
