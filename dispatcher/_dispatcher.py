@@ -193,10 +193,10 @@ class Dispatcher:
         context: tuple[int, int, float | None, ContextHost | None],
     ) -> Executor:
         """Pass 2's executor for one batch: made afresh from the last one's settings while
-        they hold (every batch without a runner or start marks, and the same limiter,
-        timeout, hooks, output limit and watch), since working them out costs more than
-        copying them."""
-        if runner is not None or before_write is not None:
+        they hold (every batch without start marks, and the same limiter, timeout, hooks,
+        output limit and watch), since working them out costs more than copying them; a
+        batch with a runner (replay's, one a batch) is given it on the copy."""
+        if before_write is not None:
             return self._new_executor(bound, runner, before_write, deadline, context)
         # compared by value: the binding, hook set and numbers are values, the limiter and
         # watch compare by identity
@@ -204,6 +204,8 @@ class Dispatcher:
         kept = self._template
         if kept is None or kept[0] != key:
             kept = self._template = (key, self._new_executor(bound, None, None, None, (0, 0, None, None)))
+        if runner is not None:
+            return kept[1].fresh(deadline, context).run_by(runner)
         return kept[1].fresh(deadline, context)
 
     def _new_executor(

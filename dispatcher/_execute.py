@@ -230,16 +230,15 @@ class Executor:
         self._timeout = default_timeout
         self._hooks = hooks
         self._max_out = max_output_bytes
-        self._runner = runner
-        # replay's runner may serve a recorded result at once; hooks wrap every call that starts
-        self._serve: Callable[[PlannedCall], ToolResult | None] | None = (
-            None if hooks.before or hooks.after else getattr(runner, "serve_now", None)
-        )
         # a worker may keep its slot between calls only when nothing runs between them: a
         # hook may wait (an approval, an audit), and no slot is held while no call runs
         self._keep = not (hooks.before or hooks.after)
+        self._runner: ToolRunner | None = None
+        self._serve: Callable[[PlannedCall], ToolResult | None] | None = None
         # nothing but the handler between a call's start and its result: `_run_kept` serves
-        self._plain = self._keep and runner is None and before_write is None
+        self._plain = self._keep and before_write is None
+        if runner is not None:
+            self.run_by(runner)
         self._now = primitives.clock
         self._p = primitives
         self._watch = watch if watch is not None else Watch(None, DEFAULT_BLOCK_THRESHOLD)
@@ -279,6 +278,14 @@ class Executor:
         made.__dict__ = self._settings.copy()
         made._begin(deadline, context)
         return made
+
+    def run_by(self, runner: ToolRunner) -> Executor:
+        """This executor, its calls run by `runner` (replay's serves a recorded result at
+        once, with `serve_now`, unless hooks wrap every call that starts)."""
+        self._runner = runner
+        self._serve = getattr(runner, "serve_now", None) if self._keep else None
+        self._plain = False
+        return self
 
     def _signalled(self) -> RunControl:
         """This batch's run control, to record a signal in: made at the first one (most
