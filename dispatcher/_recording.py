@@ -1366,37 +1366,85 @@ def _batch_of_rows(record: dict[str, Any]) -> dict[str, Any]:
     """The `batch` record a `rows` record stands for, field for field what the recorder
     builds part by part for the same batch; ValueError if its rows are not rows (what
     they hold is left to the batch record's checks)."""
+    return _taken_apart(record)[0]
+
+
+def _taken_apart(record: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """`_batch_of_rows`, and whether the batch record is well formed for a chained file
+    (`_well_formed(batch, True)`), as its checks find, made of the rows as they are taken
+    apart (False leaves the question to those checks)."""
     rows = record.pop("rows", None)
     if type(rows) is not list:
         raise ValueError("a 'rows' record whose 'rows' is not a list")
+    get = record.get
+    formed = type(get("run")) is int and type(get("seq")) is int and type(get("prev")) is str
     calls: list[Any] = []
     plan: list[Any] = []
     results: list[Any] = []
     for i, row in enumerate(rows):
-        if type(row) is not list or len(row) not in _ROW_LENGTHS:
+        size = len(row) if type(row) is list else 0
+        if size == _ANSWERED_ROW:
+            call_id, name, arguments, key, how, status, content, *flags, started, duration = row
+            planned = name
+        elif size == _ANSWERED_ROW + 1:
+            call_id, name, arguments, key, how, status, content, *flags, started, duration, planned = row
+        elif size == _UNANSWERED_ROW:
+            call_id, name, arguments, key, how = row
+            planned = name
+        elif size == _UNANSWERED_ROW + 1:
+            call_id, name, arguments, key, how, planned = row
+        else:
             raise ValueError(f"a 'rows' record whose rows[{i}] is not a list of 5, 6, 13 or 14 values")
-        call_id, name = row[0], row[1]
-        planned = row[-1] if len(row) & 1 == 0 else name
-        calls.append({"id": call_id, "name": name, "arguments": row[2]})
-        plan.append({"name": planned, "key": row[3], "how": row[4]})
-        if len(row) < _ANSWERED_ROW:
+        calls.append({"id": call_id, "name": name, "arguments": arguments})
+        plan.append({"name": planned, "key": key, "how": how})
+        if formed and (
+            type(call_id) is not str
+            or type(planned) is not str
+            or type(how) is not str
+            or (key is not None and type(key) is not str)
+        ):
+            formed = False
+        if size < _ANSWERED_ROW:
             results.append(None)
             continue
+        if formed and (
+            type(status) is not str
+            or status not in _STATUSES
+            or type(content) is not str
+            or (type(duration) is not float and type(duration) is not int)
+        ):
+            formed = False
+        retryable, effect_uncertain, cached, deduped = flags
         results.append(
             {  # ToolResult.to_json, field for field
                 "call_id": call_id,
                 "name": planned,
-                "status": row[5],
-                "content": row[6],
-                "retryable": row[7],
-                "effect_uncertain": row[8],
-                "cached": row[9],
-                "deduped": row[10],
-                "started": row[11],
-                "duration": row[12],
+                "status": status,
+                "content": content,
+                "retryable": retryable,
+                "effect_uncertain": effect_uncertain,
+                "cached": cached,
+                "deduped": deduped,
+                "started": started,
+                "duration": duration,
             }
         )
-    batch: dict[str, Any] = {"type": "batch"}
+    if tuple(record) == _ROWS_FIELDS:  # as the recorder writes it: the same, in one go
+        batch = {
+            "type": "batch",
+            "run": record["run"],
+            "round": record["round"],
+            "all_loaded": record["all_loaded"],
+            "calls": calls,
+            "decisions": {},
+            "plan": plan,
+            "results": results,
+            "control": record["control"],
+            "seq": record["seq"],
+            "prev": record["prev"],
+        }
+        return batch, formed
+    batch = {"type": "batch"}
     for field in ("run", "round", "all_loaded"):
         if field in record:
             batch[field] = record[field]
@@ -1404,7 +1452,11 @@ def _batch_of_rows(record: dict[str, Any]) -> dict[str, Any]:
     for field, value in record.items():
         if field not in batch:
             batch[field] = value  # control, seq and prev, and whatever an edit added
-    return batch
+    return batch, formed
+
+
+# a `rows` record's fields as the recorder writes them, in order, less its rows
+_ROWS_FIELDS = ("type", "run", "round", "all_loaded", "control", "seq", "prev")
 
 
 def _format_of(data: bytes) -> Any:
@@ -1572,7 +1624,13 @@ class _Stream:
             raw = data[self._at :] if end < 0 else data[self._at : end]
             self._at = len(data) if end < 0 else end + 1
             try:
-                record = _record(raw)
+                value = _loads(raw)
+                if not isinstance(value, dict):
+                    raise ValueError(f"a JSON {type(value).__name__}, not an object")
+                formed = False  # checked as its rows are taken apart (the common line)
+                record = value
+                if value.get("type") == "rows":
+                    record, formed = _taken_apart(value)
             except (ValueError, RecursionError) as exc:
                 if end < 0:  # the last line, and the file does not end cleanly
                     self.truncated = True
@@ -1582,7 +1640,7 @@ class _Stream:
                 break
             if (
                 record.get("type") != "batch"
-                or _batch_problem(record, True) is not None
+                or (not formed and _batch_problem(record, True) is not None)
                 or record["seq"] != self._seq_before + 1
                 or record["prev"] != self._hash_before  # where `_chain_problem` finds nothing
             ):

@@ -14,7 +14,15 @@ import anyio
 import pytest
 
 from dispatcher import Dispatcher, DispatchInterrupted, Registry, Status, Tool, ToolCall, ToolResult, replay
-from dispatcher._recording import FORMAT_VERSION, Recorder, encode_line, line_hash, read_recording
+from dispatcher._recording import (
+    FORMAT_VERSION,
+    Recorder,
+    _taken_apart,
+    _well_formed,
+    encode_line,
+    line_hash,
+    read_recording,
+)
 
 from ._fakes import Counter, fake_registry, openai_call
 from ._recorded import assert_reads_as, assert_same, kinds, part_by_part, read_line, read_lines
@@ -312,3 +320,64 @@ async def test_a_cancelled_batch_recorded_as_rows_is_marked_by_the_runner_and_re
     assert mark_cut_batch(str(path))
     report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
     assert report.ok and report.batches == 2, report
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+_WRITTEN_ROWS = (
+    ["a", "echo", '{"text": "x"}', None, "unfinished"],
+    ["a", "run_tool", '{"name": "echo"}', "k", "unfinished", "echo"],
+    ["a", "echo", '{"text": "x"}', "k", "ran", "ok", "x", False, False, False, False, 1.7e9, 0.25],
+    ["a", "run_tool", "{}", "k", "deduped", "failed", "y", True, False, False, True, None, 1, "echo"],
+)
+_SPOILS = (None, 0, 1.5, True, "", "okay", [], {}, ["ok"])
+
+
+def test_a_rows_record_checked_as_it_is_taken_apart_is_what_the_batch_checks_pass() -> None:
+    """The stream checks a rows line's rows as it takes them apart, and asks the batch
+    record's checks nothing more when they pass: every kind of row as a recorder writes
+    it passes; with any one value of a row, or the record's run, seq or prev, spoiled, it
+    passes only where `_well_formed` does (which does not ask an unanswered call's id to
+    be text); and the batch is the same, field for field and in the same order, as the one
+    made field by field."""
+
+    def taken(rows: list[list[Any]], extra: bool = False, **fields: Any) -> tuple[dict[str, Any], bool]:
+        record = {"type": "rows", "run": 3, "round": 1, "all_loaded": False, "rows": rows, "control": None}
+        record |= {"seq": 2, "prev": "abc"} | fields | ({"edited": True} if extra else {})
+        return _taken_apart(record)
+
+    cases = 0
+    for extra in (False, True):
+        batch, formed = taken([list(r) for r in _WRITTEN_ROWS], extra)
+        assert formed and _well_formed(batch, True)
+        general: dict[str, Any] = {"type": "batch", "run": 3, "round": 1, "all_loaded": False}
+        general |= {k: batch[k] for k in ("calls", "decisions", "plan", "results")}
+        general |= {"control": None, "seq": 2, "prev": "abc"} | ({"edited": True} if extra else {})
+        assert list(batch.items()) == list(general.items())
+    for written in _WRITTEN_ROWS:
+        for at in range(len(written)):
+            for value in _SPOILS:
+                row = list(written)
+                row[at] = value
+                batch, formed = taken([list(_WRITTEN_ROWS[2]), row])
+                assert _well_formed(batch, True) or not formed, (row, value)
+                cases += formed != _well_formed(batch, True)
+    for field in ("run", "seq", "prev"):
+        for value in _SPOILS:
+            batch, formed = taken([list(r) for r in _WRITTEN_ROWS], **{field: value})
+            assert _well_formed(batch, True) or not formed, (field, value)
+    assert cases > 0  # some unanswered call's id the batch's checks let pass, and these do not
+
+
+async def test_every_rows_line_a_session_writes_is_checked_as_it_is_taken_apart(tmp_path: Path) -> None:
+    """The lines of a session's recording, of every kind of rows (answered, not, planned
+    under another name), all pass the checks made as their rows are taken apart."""
+    path = tmp_path / "rows.jsonl"
+    await _session_batches(path)
+    rows_lines = [
+        line for line, kind in zip(_lines(path.read_bytes()), kinds(path), strict=True) if kind == "rows"
+    ]
+    assert len(rows_lines) >= 4
+    for line in rows_lines:
+        batch, formed = _taken_apart(json.loads(line))
+        assert formed and _well_formed(batch, True)
