@@ -379,7 +379,7 @@ async def replaying(quick: bool, folder: Path) -> dict[str, Any]:
         await recorded.run_batch(b)
     recorded.session.close()
     live_times, replay_times = [], []
-    for n in range(3 if quick else 7):
+    for n in range(3 if quick else 15):
         live = Threepass(session=f"live{n}")
         t0 = time.perf_counter()
         for b in batches:
