@@ -463,17 +463,19 @@ class BlockWatch:
 
     (A trio instrument timing each task step is exact, but costs about a microsecond a
     step and ten to install; asyncio has no step hook at all. The probe is the same on
-    both.) `enter()`/`exit()` bracket each batch; idle, the thread parks, and it ends
-    after a second of idleness (the next batch starts another). A batch that ended since
-    the last look shows the loop was not held until then, as a probe run would.
+    both.) `enter()`/`exit()` bracket each batch, and wake nothing: idle, the thread
+    looks every period for a batch begun, and it ends after a second of idleness (the next
+    batch starts another). A batch that ended since the last look shows the loop was not
+    held until then, as a probe run would.
 
     The thread takes its turn at the GIL from the loop's thread, which gives way to it
-    (`_give_way`) at a batch's edge once the thread is due to wake. Left to win the GIL
-    alone, a thread that wakes while the loop's thread runs and releases the GIL for
-    brief system calls (a recording's write, SQLite, a file's stat) loses nearly every
-    race for it, and waits for it for a tenth of a second a time: all that while, each
-    such release wakes it in vain, which made every one of those calls cost a wake-up of
-    another core (14 µs instead of 1 on a virtual machine)."""
+    (`_give_way`) at a batch's end once the thread is due to wake (or the probe's answer
+    woke it) and it has not run since. Left to win the GIL alone, a thread that wakes
+    while the loop's thread runs and releases the GIL for brief system calls (a
+    recording's write, SQLite, a file's stat) loses nearly every race for it, and waits
+    for it for a tenth of a second a time: all that while, each such release wakes it in
+    vain, which made every one of those calls cost a wake-up of another core (14 µs
+    instead of 1 on a virtual machine)."""
 
     def __init__(
         self,
@@ -492,7 +494,6 @@ class BlockWatch:
             poster()
         )
         self._loop_thread = threading.get_ident()
-        self._awake = threading.Event()
         self._starting = threading.Lock()
         self._sampler: threading.Thread | None = None
         self._answered = threading.Event()
@@ -503,21 +504,25 @@ class BlockWatch:
 
     def enter(self) -> None:
         self._batches += 1
-        if not self._awake.is_set():
-            self._awake.set()
+        if self._sampler is None:
             with self._starting:
                 if self._sampler is None:
                     sampler = threading.Thread(target=self._watch, name="threepass-block-watch", daemon=True)
                     self._sampler = sampler
                     sampler.start()
-                    return
-            self._give_way()  # woken from its park, it wants the GIL now
 
     def exit(self) -> None:
         self._batches -= 1
         self._ended += 1
         if time.monotonic() >= self._wake[0]:
             self._give_way()
+
+    def _woken(self) -> None:
+        """On the loop's thread, which just woke the watch's: it wants the GIL now, and is
+        given way to at the next batch's end unless it ran meanwhile."""
+        wake = self._wake
+        if not wake[1].is_set():
+            self._wake = (0.0, wake[1])
 
     def _give_way(self) -> None:
         """On the loop's thread: wait, the GIL released, until the watch's thread has run
@@ -539,26 +544,36 @@ class BlockWatch:
         """The probe, run by the loop: it was held if the thread saw who held it."""
         suspect, self._suspect = self._suspect, None
         self._answered.set()
-        self._give_way()  # the thread waiting for the answer wakes now
+        self._woken()
         if suspect is not None:
             try:
                 self._report(*suspect)
             except Exception:  # a callback of the loop's own must never raise into it
                 _log.warning("reporting a call that held the loop failed", exc_info=True)
 
+    def _retire(self) -> bool:
+        """On the watch's thread, idle a second: end, unless a batch began meanwhile (the
+        loop's thread, which counts a batch before it asks whether the thread is there,
+        then starts another only once this one has let go)."""
+        with self._starting:
+            self._sampler = None
+            if not self._batches:
+                return True
+            self._sampler = threading.current_thread()
+            return False
+
     def _watch(self) -> None:
         stale = max(2 * self._period, self._threshold / 2)
+        busy = time.monotonic()  # when a batch was last seen running
         while True:
             if not self._batches:
-                self._awake.clear()
-                self._waiting(math.inf)
-                woken = self._awake.wait(1.0)
+                now = time.monotonic()
+                if now - busy > 1.0 and self._retire():
+                    return
+                self._waiting(now + self._period)
+                time.sleep(self._period)
                 self._running()
-                if not woken:
-                    with self._starting:
-                        if not self._awake.is_set():
-                            self._sampler = None
-                            return
+                continue
             self._answered.clear()
             posted = time.monotonic()
             seen: tuple[Any, float, Any] | None = None
@@ -596,7 +611,8 @@ class BlockWatch:
                         if held > self._threshold:
                             self._suspect = (found[0], held, found[2])
                     seen = found
-            self._waiting(time.monotonic() + self._period)
+            busy = time.monotonic()
+            self._waiting(busy + self._period)
             time.sleep(self._period)
             self._running()
 

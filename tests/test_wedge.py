@@ -435,6 +435,36 @@ async def test_the_block_watch_runs_when_due_beside_a_loop_that_makes_brief_syst
     assert statistics.median(lags) < 0.003, sorted(lags)
 
 
+async def test_the_block_watch_ends_when_idle_and_a_batch_after_starts_one_again() -> None:
+    """Idle a second, the watch's thread ends (a batch's start wakes nothing: the thread
+    looks for one each period); the next batch starts one thread again, and one about to
+    end that finds a batch begun goes on instead, so no batch runs unwatched."""
+
+    async def brief(args: Mapping[str, Any], ctx: Any) -> str:
+        return "brief"
+
+    d = Dispatcher(Registry([tool("brief", brief)]))
+    s = d.session("s")
+    await s.dispatch([ToolCall("a", "brief", {})])
+    watch = d.watch.blocking
+    assert watch is not None and watch._sampler is not None
+    with anyio.fail_after(10):
+        while watch._sampler is not None:  # noqa: ASYNC110 - another thread's attribute, no event to wait on
+            await anyio.sleep(0.05)
+    s.new_run()
+    await s.dispatch([ToolCall("b", "brief", {})])
+    sampler = watch._sampler
+    assert sampler is not None and sampler.is_alive()
+    watch._batches += 1  # a batch begun as the thread would end
+    try:
+        assert watch._retire() is False and watch._sampler is threading.current_thread()
+    finally:
+        watch._batches -= 1
+        watch._sampler = sampler
+    assert watch._retire() is True and watch._sampler is None
+    watch._sampler = sampler  # the real thread ends on its own
+
+
 def test_statistics_is_a_frozen_value() -> None:
     """Dispatcher.statistics() is a frozen snapshot: limit, slots in use, waiting, stuck calls,
     loop blocks, worker processes."""
