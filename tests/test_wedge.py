@@ -393,6 +393,19 @@ async def test_the_dispatchers_of_a_loop_share_one_block_watch(caplog: pytest.Lo
     assert message.startswith("tool holds (call b) held the event loop for 0.")
 
 
+async def _watched_session() -> tuple[Any, Any]:
+    """A session of a quick async tool that has run one batch, and its loop's block watch."""
+
+    async def brief(args: Mapping[str, Any], ctx: Any) -> str:
+        return "brief"
+
+    d = Dispatcher(Registry([tool("brief", brief)]))
+    s = d.session("s")
+    await s.dispatch([ToolCall("0", "brief", {})])
+    assert d.watch.blocking is not None
+    return s, d.watch.blocking
+
+
 async def test_the_block_watch_runs_when_due_beside_a_loop_that_makes_brief_system_calls(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -401,15 +414,7 @@ async def test_the_block_watch_runs_when_due_beside_a_loop_that_makes_brief_syst
     a batch's edge once it is due: the thread runs within milliseconds of each wake. Left
     to race for the GIL, it lost nearly every time and waited a tenth of a second or more,
     while each of those calls woke it in vain."""
-
-    async def brief(args: Mapping[str, Any], ctx: Any) -> str:
-        return "brief"
-
-    d = Dispatcher(Registry([tool("brief", brief)]))
-    s = d.session("s")
-    await s.dispatch([ToolCall("0", "brief", {})])
-    watch = d.watch.blocking
-    assert watch is not None
+    s, watch = await _watched_session()
     lags: list[float] = []
     running = watch._running
 
@@ -439,15 +444,8 @@ async def test_the_block_watch_ends_when_idle_and_a_batch_after_starts_one_again
     """Idle a second, the watch's thread ends (a batch's start wakes nothing: the thread
     looks for one each period); the next batch starts one thread again, and one about to
     end that finds a batch begun goes on instead, so no batch runs unwatched."""
-
-    async def brief(args: Mapping[str, Any], ctx: Any) -> str:
-        return "brief"
-
-    d = Dispatcher(Registry([tool("brief", brief)]))
-    s = d.session("s")
-    await s.dispatch([ToolCall("a", "brief", {})])
-    watch = d.watch.blocking
-    assert watch is not None and watch._sampler is not None
+    s, watch = await _watched_session()
+    assert watch._sampler is not None
     with anyio.fail_after(10):
         while watch._sampler is not None:  # noqa: ASYNC110 - another thread's attribute, no event to wait on
             await anyio.sleep(0.05)
