@@ -463,10 +463,12 @@ class BlockWatch:
 
     (A trio instrument timing each task step is exact, but costs about a microsecond a
     step and ten to install; asyncio has no step hook at all. The probe is the same on
-    both.) `enter()`/`exit()` bracket each batch, and wake nothing: idle, the thread
-    looks every period for a batch begun, and it ends after a second of idleness (the next
-    batch starts another). A batch that ended since the last look shows the loop was not
-    held until then, as a probe run would.
+    both.) `enter()`/`exit()` bracket each batch. Between batches the thread looks again
+    a period later, waking nobody; through a longer pause it parks, and the next batch
+    wakes it; it ends after a second without batches (the next starts another). A batch
+    that ended, none other running, since the last look shows the loop was not held until
+    then, as a probe run would (a nested batch's end does not: the call around it may hold
+    the loop).
 
     The thread takes its turn at the GIL from the loop's thread, which gives way to it
     (`_give_way`) at a batch's end once the thread is due to wake (or the probe's answer
@@ -498,7 +500,9 @@ class BlockWatch:
         self._sampler: threading.Thread | None = None
         self._answered = threading.Event()
         self._suspect: tuple[Any, float, Any] | None = None  # (what, seconds, whom): held past the threshold
-        self._ended = 0  # batches ended
+        self._ended = 0  # batches ended with none other running (a nested batch's end tells nothing)
+        self._awake = threading.Event()  # cleared while the thread is parked, set by the next batch
+        self._awake.set()
         # (when the thread wakes, set once it runs again): published before each of its waits
         self._wake: tuple[float, threading.Event] = (math.inf, threading.Event())
 
@@ -510,10 +514,13 @@ class BlockWatch:
                     sampler = threading.Thread(target=self._watch, name="threepass-block-watch", daemon=True)
                     self._sampler = sampler
                     sampler.start()
+        elif not self._awake.is_set():
+            self._awake.set()  # parked through a pause: it takes its turn when the loop next waits
 
     def exit(self) -> None:
         self._batches -= 1
-        self._ended += 1
+        if not self._batches:
+            self._ended += 1
         if time.monotonic() >= self._wake[0]:
             self._give_way()
 
@@ -564,14 +571,22 @@ class BlockWatch:
 
     def _watch(self) -> None:
         stale = max(2 * self._period, self._threshold / 2)
-        busy = time.monotonic()  # when a batch was last seen running
+        busy, ended = time.monotonic(), self._ended  # when a batch was last seen, and the count then
         while True:
             if not self._batches:
                 now = time.monotonic()
+                if self._ended != ended:  # batches come and go between its looks: no pause
+                    busy, ended = now, self._ended
                 if now - busy > 1.0 and self._retire():
                     return
-                self._waiting(now + self._period)
-                time.sleep(self._period)
+                if now - busy < self._period:  # look again, waking nobody
+                    self._waiting(now + self._period)
+                    time.sleep(self._period)
+                else:  # a pause: parked until a batch begins, or until it ends
+                    self._awake.clear()
+                    if not self._batches:
+                        self._waiting(math.inf)
+                        self._awake.wait(max(0.0, busy + 1.0 - now) + self._period)
                 self._running()
                 continue
             self._answered.clear()
@@ -611,7 +626,7 @@ class BlockWatch:
                         if held > self._threshold:
                             self._suspect = (found[0], held, found[2])
                     seen = found
-            busy = time.monotonic()
+            busy, ended = time.monotonic(), self._ended
             self._waiting(busy + self._period)
             time.sleep(self._period)
             self._running()

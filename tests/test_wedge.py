@@ -441,9 +441,8 @@ async def test_the_block_watch_runs_when_due_beside_a_loop_that_makes_brief_syst
 
 
 async def test_the_block_watch_ends_when_idle_and_a_batch_after_starts_one_again() -> None:
-    """Idle a second, the watch's thread ends (a batch's start wakes nothing: the thread
-    looks for one each period); the next batch starts one thread again, and one about to
-    end that finds a batch begun goes on instead, so no batch runs unwatched."""
+    """Idle a second, the watch's thread ends; the next batch starts one thread again, and
+    one about to end that finds a batch begun goes on instead, so no batch runs unwatched."""
     s, watch = await _watched_session()
     assert watch._sampler is not None
     with anyio.fail_after(10):
@@ -461,6 +460,57 @@ async def test_the_block_watch_ends_when_idle_and_a_batch_after_starts_one_again
         watch._sampler = sampler
     assert watch._retire() is True and watch._sampler is None
     watch._sampler = sampler  # the real thread ends on its own
+
+
+async def test_short_batches_with_pauses_between_keep_one_watch_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Batches that come and go, with pauses of a few milliseconds between them, for longer
+    than the second after which an idle watch thread ends: the thread sees them come and
+    go, and goes on; none is started again."""
+    starts: list[str] = []
+    start = threading.Thread.start
+
+    def counted(self: threading.Thread) -> None:
+        starts.append(self.name)
+        start(self)
+
+    s, watch = await _watched_session()
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    until = time.monotonic() + 1.6
+    while time.monotonic() < until:
+        s.new_run()
+        await s.dispatch([ToolCall("b", "brief", {})])
+        await anyio.sleep(0.01)
+    assert "threepass-block-watch" not in starts and watch._sampler is not None
+
+
+async def test_a_call_that_holds_the_loop_around_another_dispatchers_batches_is_caught(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A tool that holds the loop while it awaits batches of another dispatcher on the same
+    loop (which share its watch, and end without yielding): the ends of those nested
+    batches do not count as the loop let go, and the call is reported."""
+
+    async def brief(args: Mapping[str, Any], ctx: Any) -> str:
+        return "brief"
+
+    inner = Dispatcher(Registry([tool("brief", brief)]), block_threshold=0.1)
+
+    async def agent(args: Mapping[str, Any], ctx: Any) -> str:
+        for _ in range(30):
+            time.sleep(0.01)  # noqa: ASYNC251 - the fault under test
+            await inner.invoke("brief", {})
+        return "done"
+
+    d = Dispatcher(Registry([tool("agent", agent)]), block_threshold=0.1)
+    with anyio.fail_after(10):
+        [result] = await d.session("s").dispatch([ToolCall("a", "agent", {})])
+        await anyio.sleep(0.1)  # the probe's answer lands just after the step that held the loop
+    assert result.status is Status.ok
+    assert d.statistics().loop_blocks == 1 and inner.statistics().loop_blocks == 0
+    [message] = warnings_about(caplog, "held the event loop")
+    assert message.startswith("tool agent (call a) held the event loop for 0.")
 
 
 def test_statistics_is_a_frozen_value() -> None:
