@@ -1026,8 +1026,10 @@ def _culprit(frame: FrameType | None) -> tuple[PlannedCall, float, Watch] | None
 
 
 def _report_block(planned: PlannedCall, seconds: float, watch: Watch) -> None:
-    if watch.last_block is planned:
-        return  # once a call (its next stall, if any, is the same story)
+    if watch.last_block is planned or seconds <= watch.block_threshold:
+        # once a call (its next stall, if any, is the same story); and only past the threshold
+        # of its own dispatcher (a watch of a lower one, on the same loop, may have seen it)
+        return
     watch.last_block = planned
     watch.blocked(planned, seconds)
 

@@ -513,6 +513,33 @@ async def test_a_call_that_holds_the_loop_around_another_dispatchers_batches_is_
     assert message.startswith("tool agent (call a) held the event loop for 0.")
 
 
+async def test_a_hold_under_its_own_dispatchers_threshold_is_not_reported_by_a_stricter_watch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two dispatchers on one loop, thresholds 0.1 s and 0.5 s: the stricter one's watch sees
+    the other's call hold the loop for 0.3 s, which is under that call's own threshold, and
+    nothing is reported."""
+
+    async def slow(args: Mapping[str, Any], ctx: Any) -> str:
+        await anyio.sleep(1.0)  # keeps the stricter watch's batch running
+        return "slow"
+
+    async def holds(args: Mapping[str, Any], ctx: Any) -> str:
+        time.sleep(0.3)  # noqa: ASYNC251 - the fault under test
+        return "held"
+
+    strict = Dispatcher(Registry([tool("slow", slow)]), block_threshold=0.1)
+    lax = Dispatcher(Registry([tool("holds", holds)]), block_threshold=0.5)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(strict.invoke, "slow", {})
+            await anyio.sleep(0.1)
+            assert (await lax.invoke("holds", {})).status is Status.ok
+            await anyio.sleep(0.1)  # the probe's answer lands just after the step that held the loop
+    assert lax.statistics().loop_blocks == 0 and strict.statistics().loop_blocks == 0
+    assert not warnings_about(caplog, "held the event loop")
+
+
 def test_statistics_is_a_frozen_value() -> None:
     """Dispatcher.statistics() is a frozen snapshot: limit, slots in use, waiting, stuck calls,
     loop blocks, worker processes."""
