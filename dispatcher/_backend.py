@@ -609,8 +609,10 @@ class BlockWatch:
                 self._running()
                 if answered:
                     break
-                if not self._batches and time.monotonic() - posted > 1.0:
-                    break  # a loop that ended with the probe unrun
+                if not self._batches and (self._suspect is None or time.monotonic() - posted > 1.0):
+                    # no batch left, and nothing to report when the probe runs (or a loop that
+                    # ended with it unrun): the thread need not wake beside what the loop does next
+                    break
                 now = time.monotonic()
                 if self._ended != ended:  # the loop was not held when that batch ended
                     ended, posted, seen = self._ended, now, None

@@ -440,6 +440,33 @@ async def test_the_block_watch_runs_when_due_beside_a_loop_that_makes_brief_syst
     assert statistics.median(lags) < 0.003, sorted(lags)
 
 
+async def test_the_block_watch_rests_once_the_batches_end_on_a_loop_that_never_yields() -> None:
+    """Batches back to back on a loop that never yields (their probe never runs), then the
+    loop's thread goes on with other work, never yielding either: the watch's thread,
+    with nothing to report, soon stops waking (it would otherwise wait for the GIL beside
+    that work for a second)."""
+    s, watch = await _watched_session()
+    woke: list[float] = []
+    running = watch._running
+
+    def counted() -> None:
+        woke.append(time.monotonic())
+        running()
+
+    watch._running = counted  # type: ignore[method-assign]
+    try:
+        until = time.monotonic() + 0.2
+        while time.monotonic() < until:
+            s.new_run()
+            await s.dispatch([ToolCall("b", "brief", {})])
+        ended = time.monotonic()
+        time.sleep(0.5)  # noqa: ASYNC251 - the loop's thread busy with other work
+    finally:
+        del watch._running
+    assert len(woke) >= 3  # it did wake while the batches ran
+    assert len([t for t in woke if t > ended + 0.1]) <= 2, [round(t - ended, 3) for t in woke]
+
+
 async def test_the_block_watch_ends_when_idle_and_a_batch_after_starts_one_again() -> None:
     """Idle a second, the watch's thread ends; the next batch starts one thread again, and
     one about to end that finds a batch begun goes on instead, so no batch runs unwatched."""
