@@ -59,9 +59,12 @@ Reads on the event loop
     the loop's own thread when it can do so without waiting or writing: the rows'
     values are in the database (not files), their access times need no refresh, and the
     store has been quick. Those reads have a connection of their own, which waits at most
-    `INLINE_BUSY` for a lock. Anything else (a value file to read, an access time to
-    write, a lock held longer, a fault) goes to a worker thread, which reads again and
-    waits as long as the store's `timeout` says. A lookup on the loop that waited (the
+    `INLINE_BUSY` for a lock, only reads, and keeps the rows it read while SQLite's
+    `data_version` (which moves with every commit of any other connection, in any
+    process) stands still: a hit asked again costs one pragma, not a query. Anything
+    else (a value file to read, an access time to write, a lock held longer, a fault)
+    goes to a worker thread, which reads again and waits as long as the store's
+    `timeout` says. A lookup on the loop that waited (the
     thread slept: on Linux, its voluntary context switches say so, as a preempted
     thread's do not) and took over `INLINE_STALL` sends every lookup to a thread for
     `INLINE_PAUSE`. What a lookup on the loop may still wait for, once, before that: the
@@ -198,6 +201,14 @@ _SELECT_VALUES: Final = (
     " WHERE key IN ({}) AND raw = 1 AND (expire_time IS NULL OR expire_time > ?)"
 )
 _MANY: Final = 500  # keys per query, well under SQLite's limit on parameters
+# the rows the loop's connection keeps between lookups (`_loop_rows`): `_SELECT_VALUES`'s,
+# with their expiry, filtered by it when served
+_SELECT_KEPT: Final = (
+    "SELECT key, rowid, access_time, mode, filename, value, expire_time FROM Cache"
+    " WHERE key IN ({}) AND raw = 1"
+)
+_DATA_VERSION: Final = "PRAGMA data_version"  # moves with every commit of another connection
+_ROWS_KEPT: Final = 10_000  # keys whose rows the loop's connection keeps at most
 _TOUCH: Final = "UPDATE Cache SET access_time = ? WHERE rowid = ?"
 
 # What a broken folder or database raises; anything else is a bug and propagates.
@@ -516,7 +527,46 @@ class DiskResultCache:
                 check_same_thread=True,
             )
             local.con, local.forks = con, _Forks.count
+            local.version, local.rows = None, {}  # what `_loop_rows` keeps, of this connection
         return con
+
+    def _loop_rows(self, store: Any, keys: list[str], con: sqlite3.Connection) -> dict[str, tuple[Any, ...]]:
+        """`_read_values(store, keys, con)` (`keys` without repeats) on the loop's connection,
+        which only reads: the rows it read before are served again while the database
+        stands as it was then. SQLite's `data_version` moves with every commit of any other
+        connection, in any process (a write, an eviction, an access time refreshed by a
+        thread), and is read before the rows it vouches for; a kept row is filtered by its
+        expiry now, as the query would filter it. A hit then asks SQLite one pragma, not a
+        query."""
+        local = self._loop_local
+        version = con.execute(_DATA_VERSION).fetchone()[0]
+        kept: dict[str, tuple[tuple[Any, ...], Any] | None] = local.rows
+        if local.version != version:
+            kept.clear()
+            local.version = version
+        missing = [key for key in keys if key not in kept]
+        if missing:
+            if len(kept) + len(missing) > _ROWS_KEPT:
+                kept.clear()
+                missing = keys
+            try:
+                for start in range(0, len(missing), _MANY):
+                    chunk = missing[start : start + _MANY]
+                    for key in chunk:
+                        kept[key] = None
+                    for row in con.execute(_SELECT_KEPT.format(", ".join("?" * len(chunk))), chunk):
+                        kept[row[0]] = (row[1:6], row[6])
+            except BaseException:  # a query cut short: nothing it did not read is kept
+                kept.clear()
+                local.version = None
+                raise
+        wall_now = time.time()  # diskcache's expire_time is wall time
+        rows: dict[str, tuple[Any, ...]] = {}
+        for key in keys:
+            found = kept[key]
+            if found is not None and (found[1] is None or found[1] > wall_now):
+                rows[key] = found[0]
+        return rows
 
     def _get_many_inline(self, keys: Sequence[str]) -> dict[str, CacheEntry] | None:
         """`get_many_sync` on the caller's thread, or None (nothing counted) when it would
@@ -532,7 +582,7 @@ class DiskResultCache:
         slept = _sleeps()
         began = time.monotonic()
         try:
-            rows: dict[str, tuple[Any, ...]] | None = _read_values(store, asked, con)
+            rows: dict[str, tuple[Any, ...]] | None = self._loop_rows(store, asked, con)
         except _STORE_FAILURES:
             rows = None  # the thread asks again (waiting as long as it must), or disables the store
         wall_now = time.time()

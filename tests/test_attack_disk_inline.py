@@ -166,17 +166,17 @@ async def test_a_lookup_that_stalled_and_failed_sends_the_next_ones_to_a_thread(
     disk.set_many_sync([CacheWrite("a", "A", 600), CacheWrite("b", "B", 600)])
     assert set(await disk.get_many(["a", "b"])) == {"a", "b"}  # the loop's connection opened
     loop_thread = threading.get_ident()
-    real = cache._disk._read_values
+    real = disk._loop_rows  # the loop's read
     failed: list[int] = []
 
-    def locked_once(store: Any, keys: Any, con: Any = None) -> Any:
+    def locked_once(store: Any, keys: Any, con: Any) -> Any:
         if threading.get_ident() == loop_thread and not failed:
             failed.append(1)
             time.sleep(cache._disk.INLINE_STALL * 1.5)  # SQLite's busy handler sleeping
             raise sqlite3.OperationalError("database is locked")
         return real(store, keys, con)
 
-    monkeypatch.setattr(cache._disk, "_read_values", locked_once)
+    monkeypatch.setattr(disk, "_loop_rows", locked_once)
     hops: list[int] = []
     threaded = disk.get_many_sync
 
@@ -364,3 +364,73 @@ async def test_more_keys_than_a_query_or_the_memo_holds_answer_as_the_thread_doe
     clock.now += 11
     after = {k: e.content for k, e in (await disk.get_many(asked)).items()}
     assert after == {k: v for k, v in threaded.items() if int(k[1:]) % 5}
+
+
+_WRITE_ONE = """
+    import sys
+    from cache import CacheWrite, DiskResultCache
+    DiskResultCache(sys.argv[1]).set_many_sync([CacheWrite(sys.argv[2], sys.argv[3], 600)])
+    print("ready", flush=True)
+"""
+
+
+async def test_rows_kept_on_the_loop_are_read_again_once_another_process_commits(
+    folder: Path, children: list[subprocess.Popen[str]]
+) -> None:
+    """The loop's connection serves the rows it read before while the database stands as it
+    was (a hit asks SQLite its data_version, and nothing more); once another process
+    commits, a key that was missing is found, and one overwritten is served anew."""
+    disk = DiskResultCache(folder)
+    disk.set_many_sync([CacheWrite("k", "first", 600)])
+    assert (await disk.get_many(["k", "late"]))["k"].content == "first"
+    asked: list[str] = []
+    disk._loop_connection().set_trace_callback(asked.append)
+    assert set(await disk.get_many(["k", "late"])) == {"k"}
+    assert asked == ["PRAGMA data_version"]
+    for key, content in (("late", "found"), ("k", "second")):
+        child = _child(_WRITE_ONE, str(folder), key, content)
+        children.append(child)
+        _ready(child)
+        assert child.wait(timeout=10) == 0
+        found = await disk.get_many(["k", "late"])
+        assert found[key].content == content, found
+    assert {k: e.content for k, e in (await disk.get_many(["k", "late"])).items()} == {
+        "k": "second",
+        "late": "found",
+    }
+
+
+async def test_a_row_kept_on_the_loop_expires_on_the_wall_clock_as_the_query_has_it(folder: Path) -> None:
+    """diskcache's own expiry (the sweep, a grace after the entry's) is on the wall clock,
+    and its query leaves an expired row out whatever the cache's clock reads: a row the
+    loop's connection kept is left out as soon as it expires too, with nothing committed
+    since (here the cache's clock stands still, and the row's sweep is set short)."""
+    clock = FakeClock(time.time())
+    disk = DiskResultCache(folder, clock=clock)
+    disk.set_many_sync([CacheWrite("j", "w", 600)])
+    value = cache._disk._encode("v", frozenset(), clock.now, clock.now + 600)
+    disk._store.set("k", value, expire=0.3)
+    assert set(await disk.get_many(["k", "j"])) == {"k", "j"}
+    await anyio.sleep(0.4)
+    assert set(await disk.get_many(["k", "j"])) == {"j"}
+    assert disk.get_many_sync(["k", "j"]).keys() == {"j"}  # as the thread answers
+
+
+async def test_more_keys_than_the_loop_keeps_rows_of_answer_as_the_thread_does(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lookups on the loop of more keys than its connection keeps rows of, and one cut short
+    by a fault: each answers as the thread does, and a fault keeps nothing it did not read."""
+    monkeypatch.setattr(cache._disk, "_ROWS_KEPT", 5)
+    disk = DiskResultCache(folder)
+    disk.set_many_sync([CacheWrite(f"k{i}", f"v{i}", 600) for i in range(0, 8, 2)])
+    for asked in (["k0", "k1", "k2"], ["k2", "k3", "k4", "k5", "k6"], ["k0", "k6", "k7"], ["k0", "k2"]):
+        want = {k: e.content for k, e in disk.get_many_sync(asked).items()}
+        assert {k: e.content for k, e in (await disk.get_many(asked)).items()} == want, asked
+    disk._loop_rows(disk._store, ["k0"], disk._loop_connection())  # k0's row kept
+    monkeypatch.setattr(cache._disk, "_SELECT_KEPT", "SELECT nothing FROM nowhere WHERE 0 IN ({})")
+    with pytest.raises(sqlite3.OperationalError):
+        disk._loop_rows(disk._store, ["k0", "k8"], disk._loop_connection())
+    assert disk._loop_local.rows == {}  # nothing kept that the query did not read
+    monkeypatch.undo()
+    assert {k: e.content for k, e in (await disk.get_many(["k0", "k8"])).items()} == {"k0": "v0"}
