@@ -208,7 +208,7 @@ _SELECT_KEPT: Final = (
     " WHERE key IN ({}) AND raw = 1"
 )
 _DATA_VERSION: Final = "PRAGMA data_version"  # moves with every commit of another connection
-_ROWS_KEPT: Final = 10_000  # keys whose rows the loop's connection keeps at most
+_ROWS_KEPT: Final = 1024  # keys whose rows the loop's connection keeps at most (values up to _DECODED_BYTES)
 _TOUCH: Final = "UPDATE Cache SET access_time = ? WHERE rowid = ?"
 
 # What a broken folder or database raises; anything else is a bug and propagates.
@@ -545,6 +545,7 @@ class DiskResultCache:
             kept.clear()
             local.version = version
         missing = [key for key in keys if key not in kept]
+        read: dict[str, tuple[tuple[Any, ...], Any]] = {}
         if missing:
             if len(kept) + len(missing) > _ROWS_KEPT:
                 kept.clear()
@@ -552,18 +553,21 @@ class DiskResultCache:
             try:
                 for start in range(0, len(missing), _MANY):
                     chunk = missing[start : start + _MANY]
-                    for key in chunk:
-                        kept[key] = None
                     for row in con.execute(_SELECT_KEPT.format(", ".join("?" * len(chunk))), chunk):
-                        kept[row[0]] = (row[1:6], row[6])
+                        read[row[0]] = (row[1:6], row[6])
             except BaseException:  # a query cut short: nothing it did not read is kept
                 kept.clear()
                 local.version = None
                 raise
+            for key in missing:  # kept: a key's absence, and its row unless its value is large
+                found = read.get(key)
+                value = None if found is None else found[0][4]
+                if not (isinstance(value, bytes) and len(value) > _DECODED_BYTES):
+                    kept[key] = found
         wall_now = time.time()  # diskcache's expire_time is wall time
         rows: dict[str, tuple[Any, ...]] = {}
         for key in keys:
-            found = kept[key]
+            found = read[key] if key in read else kept.get(key)
             if found is not None and (found[1] is None or found[1] > wall_now):
                 rows[key] = found[0]
         return rows

@@ -434,3 +434,14 @@ async def test_more_keys_than_the_loop_keeps_rows_of_answer_as_the_thread_does(
     assert disk._loop_local.rows == {}  # nothing kept that the query did not read
     monkeypatch.undo()
     assert {k: e.content for k, e in (await disk.get_many(["k0", "k8"])).items()} == {"k0": "v0"}
+
+
+async def test_a_large_value_is_read_again_rather_than_kept_on_the_loop(folder: Path) -> None:
+    """A value too large to keep decoded is not kept with its row either: it is served
+    whole, read each time, and what the loop's connection keeps stays small."""
+    disk = DiskResultCache(folder)
+    disk.set_many_sync([CacheWrite("big", "x" * 5000, 600), CacheWrite("small", "s", 600)])
+    for _ in range(2):
+        found = await disk.get_many(["big", "small"])
+        assert found["big"].content == "x" * 5000 and found["small"].content == "s"
+    assert set(disk._loop_local.rows) == {"small"}
