@@ -102,7 +102,7 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypeGuard
@@ -421,12 +421,17 @@ def _read_values(
         one = con.execute(_SELECT_VALUE, (keys[0], wall_now)).fetchone()
         return {} if one is None else {keys[0]: one}
     rows: dict[str, tuple[Any, ...]] = {}
+    for row in _rows_of(con, _SELECT_VALUES, keys, wall_now):
+        rows[row[0]] = row[1:]  # one slice (a starred target builds a list, then the tuple)
+    return rows
+
+
+def _rows_of(con: sqlite3.Connection, query: str, keys: Sequence[str], *after: Any) -> Iterator[Any]:
+    """The rows of `query` (its `IN ({})` filled for the keys) for `keys`, in one query per
+    `_MANY` keys, each given the keys and then `after`."""
     for start in range(0, len(keys), _MANY):
         chunk = keys[start : start + _MANY]
-        query = _SELECT_VALUES.format(", ".join("?" * len(chunk)))
-        for row in con.execute(query, (*chunk, wall_now)):
-            rows[row[0]] = row[1:]  # one slice (a starred target builds a list, then the tuple)
-    return rows
+        yield from con.execute(query.format(", ".join("?" * len(chunk))), (*chunk, *after))
 
 
 _RUSAGE_THREAD: int | None = None if sys.platform == "win32" else getattr(resource, "RUSAGE_THREAD", None)
@@ -551,10 +556,8 @@ class DiskResultCache:
                 kept.clear()
                 missing = keys
             try:
-                for start in range(0, len(missing), _MANY):
-                    chunk = missing[start : start + _MANY]
-                    for row in con.execute(_SELECT_KEPT.format(", ".join("?" * len(chunk))), chunk):
-                        read[row[0]] = (row[1:6], row[6])
+                for row in _rows_of(con, _SELECT_KEPT, missing):
+                    read[row[0]] = (row[1:6], row[6])
             except BaseException:  # a query cut short: nothing it did not read is kept
                 kept.clear()
                 local.version = None

@@ -1342,12 +1342,19 @@ def _loads(raw: bytes) -> Any:
 def _record(raw: bytes) -> dict[str, Any]:
     """One line as a record (`_loads`), a `rows` record as the `batch` record it stands for
     (`_batch_of_rows`); ValueError or RecursionError if it is none."""
+    return _record_checked(raw)[0]
+
+
+def _record_checked(raw: bytes) -> tuple[dict[str, Any], bool]:
+    """`_record`, and whether a `rows` record's batch is well formed for a chained file, as
+    `_taken_apart` finds while it takes the rows apart (False for any other record, which
+    leaves the question to the batch record's checks)."""
     value = _loads(raw)
     if not isinstance(value, dict):
         raise ValueError(f"a JSON {type(value).__name__}, not an object")
     if value.get("type") == "rows":
-        return _batch_of_rows(value)
-    return value
+        return _taken_apart(value)
+    return value, False
 
 
 # A `rows` record (format 3) is the common batch's `batch` record, one row per call:
@@ -1359,7 +1366,6 @@ def _record(raw: bytes) -> dict[str, Any]:
 # all_loaded, control, seq, prev) is the batch record's.
 _UNANSWERED_ROW = 5
 _ANSWERED_ROW = 13
-_ROW_LENGTHS = frozenset({_UNANSWERED_ROW, _ANSWERED_ROW, _UNANSWERED_ROW + 1, _ANSWERED_ROW + 1})
 
 
 def _batch_of_rows(record: dict[str, Any]) -> dict[str, Any]:
@@ -1624,13 +1630,7 @@ class _Stream:
             raw = data[self._at :] if end < 0 else data[self._at : end]
             self._at = len(data) if end < 0 else end + 1
             try:
-                value = _loads(raw)
-                if not isinstance(value, dict):
-                    raise ValueError(f"a JSON {type(value).__name__}, not an object")
-                formed = False  # checked as its rows are taken apart (the common line)
-                record = value
-                if value.get("type") == "rows":
-                    record, formed = _taken_apart(value)
+                record, formed = _record_checked(raw)  # formed: a rows line checked as read
             except (ValueError, RecursionError) as exc:
                 if end < 0:  # the last line, and the file does not end cleanly
                     self.truncated = True
