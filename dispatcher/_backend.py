@@ -470,14 +470,9 @@ class BlockWatch:
     then, as a probe run would (a nested batch's end does not: the call around it may hold
     the loop).
 
-    The thread takes its turn at the GIL from the loop's thread, which gives way to it
-    (`_give_way`) at a batch's end once the thread is due to wake (or the probe's answer
-    woke it) and it has not run since. Left to win the GIL alone, a thread that wakes
-    while the loop's thread runs and releases the GIL for brief system calls (a
-    recording's write, SQLite, a file's stat) loses nearly every race for it, and waits
-    for it for a tenth of a second a time: all that while, each such release wakes it in
-    vain, which made every one of those calls cost a wake-up of another core (14 µs
-    instead of 1 on a virtual machine)."""
+    The thread takes its turn at the GIL from the loop's thread (`GilTurn`), which gives
+    way to it at a batch's end once the thread is due to wake (or the probe's answer woke
+    it) and it has not run since."""
 
     def __init__(
         self,
@@ -504,7 +499,7 @@ class BlockWatch:
         self._awake = threading.Event()  # cleared while the thread is parked, set by the next batch
         self._awake.set()
         # (when the thread wakes, set once it runs again): published before each of its waits
-        self._wake: tuple[float, threading.Event] = (math.inf, threading.Event())
+        self._turn = GilTurn()
 
     def enter(self) -> None:
         self._batches += 1
@@ -521,31 +516,19 @@ class BlockWatch:
         self._batches -= 1
         if not self._batches:
             self._ended += 1
-        if time.monotonic() >= self._wake[0]:
-            self._give_way()
+        self._turn.take_if_due()
 
     def _woken(self) -> None:
-        """On the loop's thread, which just woke the watch's: it wants the GIL now, and is
-        given way to at the next batch's end unless it ran meanwhile."""
-        wake = self._wake
-        if not wake[1].is_set():
-            self._wake = (0.0, wake[1])
-
-    def _give_way(self) -> None:
-        """On the loop's thread: wait, the GIL released, until the watch's thread has run
-        since its last wait began (at most `_GIVE_WAY` seconds; one that is late is not
-        waited for again until its next wait)."""
-        wake = self._wake
-        if not wake[1].wait(_GIVE_WAY) and self._wake is wake:
-            self._wake = (math.inf, wake[1])
+        """On the loop's thread, which just woke the watch's: it wants the GIL now."""
+        self._turn.woken()
 
     def _waiting(self, until: float) -> None:
         """On the watch's thread, before each wait: when it is to wake (or inf, when the loop wakes it)."""
-        self._wake = (until, threading.Event())
+        self._turn.waiting(until)
 
     def _running(self) -> None:
         """On the watch's thread, after each wait: it holds the GIL again."""
-        self._wake[1].set()
+        self._turn.running()
 
     def _answer(self) -> None:
         """The probe, run by the loop: it was held if the thread saw who held it."""
@@ -634,7 +617,48 @@ class BlockWatch:
             self._running()
 
 
-_GIVE_WAY = 0.0005  # seconds the loop's thread waits at most for the block watch's to run
+_GIVE_WAY = 0.0005  # seconds the loop's thread waits at most for a helper thread to run
+
+
+class GilTurn:
+    """A helper thread's turn at the GIL beside a loop's thread that keeps it busy. Left to
+    win the GIL alone, a thread that wakes while the loop's thread runs and releases the
+    GIL for brief system calls (a recording's write, SQLite, a file's stat) loses nearly
+    every race for it (CPython hands the GIL over once its holder kept it a whole switch
+    interval, and each brief release starts that interval again), and waits for it a
+    tenth of a second at a time: all that while, each such release wakes it in vain,
+    which makes every one of those calls cost a wake-up of another core (14 µs instead of
+    1 on a virtual machine). So the thread says, before each wait, when it is due to wake
+    (`waiting`) and, after it, that it runs again (`running`); the loop's thread, where it
+    can spare the moment (a batch's end), waits for it, the GIL released, once it is due
+    and has not run since (`take_if_due`), at most `_GIVE_WAY` seconds, and one that is
+    late is not waited for again until its next wait."""
+
+    __slots__ = ("_wake",)
+
+    def __init__(self) -> None:
+        self._wake: tuple[float, threading.Event] = (math.inf, threading.Event())
+
+    def waiting(self, until: float) -> None:
+        """On the helper's thread, before a wait: when it is to wake (inf: when it is woken)."""
+        self._wake = (until, threading.Event())
+
+    def running(self) -> None:
+        """On the helper's thread, after a wait: it holds the GIL again."""
+        self._wake[1].set()
+
+    def woken(self) -> None:
+        """On the loop's thread, which just woke the helper's: it wants the GIL now, and is
+        given way to next unless it runs meanwhile."""
+        wake = self._wake
+        if not wake[1].is_set():
+            self._wake = (0.0, wake[1])
+
+    def take_if_due(self) -> None:
+        """On the loop's thread: give way to the helper's, if it is due and has not run."""
+        wake = self._wake
+        if time.monotonic() >= wake[0] and not wake[1].wait(_GIVE_WAY) and self._wake is wake:
+            self._wake = (math.inf, wake[1])
 
 
 _BLOCK_WATCHES: trio.lowlevel.RunVar[dict[float, BlockWatch]] = trio.lowlevel.RunVar("threepass_watches")

@@ -419,7 +419,7 @@ async def test_the_block_watch_runs_when_due_beside_a_loop_that_makes_brief_syst
     running = watch._running
 
     def timed() -> None:  # on the watch's thread, as it runs again
-        due = watch._wake[0]
+        due = watch._turn._wake[0]
         if due != float("inf"):
             lags.append(time.monotonic() - due)
         running()
