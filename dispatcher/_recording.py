@@ -10,8 +10,12 @@ line is half to two thirds of that record's bytes, and costs half as much to bui
 encode. Format 2 recordings, which hold `batch` records only, are read as before, and a
 session that goes on with one writes `batch` records into it. Each line is written whole with
 one `write`, so a crash can at worst leave a truncated last line; replay reports it and
-replays the rest. A batch returns once its line is in the file (or, with `Recorder.wait`
-false, once it is handed over). Once the file is open, and is a regular file, a batch's
+replays the rest. A batch returns once its line is in the file. With `Recorder.wait` false
+it returns once its record is made: the records of the batches that follow are gathered
+with it and written with one `write`, on the loop at the end of the batch in which the
+first has waited `_GATHER` seconds, or by the writer thread once batches stop coming (it
+looks every `_GATHER_LONGEST` seconds at most), so a crash loses at most the records of
+the last few milliseconds. Once the file is open, and is a regular file, a batch's
 line is built, encoded and written on the event loop's thread: a `write` to an open file
 costs less than waking a thread and being woken by it. The recorder's own thread opens
 the file (which may block: a hung mount), writes to a FIFO, a socket or a terminal (each
@@ -536,6 +540,9 @@ def _tool_hashes(registry: Registry) -> dict[str, list[str]]:
 _IDLE_SECONDS = 1.0  # a writer thread with nothing to write ends after this long
 _CLOSE_WAIT = 5.0  # how long `close()` (and the interpreter's exit) waits for a stalled disk
 _LINGER = 0.002  # with `wait=False`, how long a writer gathers lines before it writes them
+_GATHER = 0.002  # with `wait=False`, how long records gathered on the loop wait to be written
+_GATHERED_MOST = 256  # ... or how many of them
+_GATHER_LONGEST = 0.02  # the longest the writer thread waits before it looks at them again
 _MOST_QUEUED = 1000  # with `wait=False`, lines waiting to be written before batches wait again
 WRITE_STALL = 0.1
 """A line written on the event loop that takes longer than this (seconds) sends lines to
@@ -596,11 +603,16 @@ def _batch(
 
 
 class _Job(NamedTuple):
-    """One job of a writer thread: a batch to record (None: only `wake` when it gets here)."""
+    """One job of a writer thread: a batch to record (None: only `wake` when it gets here),
+    or `records` made already (those gathered on the loop, `Recorder._gather`), or a
+    `poke`: records were gathered, and are the thread's to write should no batch end within
+    `_GATHER` seconds (a poke is not counted among the jobs not done)."""
 
     batch: Mapping[str, Any] | None
     wake: Callable[[], object]
     closing: bool = False
+    records: list[tuple[dict[str, Any], bool]] | None = None
+    poke: bool = False
 
 
 _RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()
@@ -640,11 +652,13 @@ class Recorder:
     ) -> None:
         """`fsync`: each batch's line reaches the disk before the batch returns (slower;
         without it the line is in the file when the batch returns and the system writes it
-        out). `wait=False`: a batch returns once its line is handed to the writer, which
-        writes it within milliseconds; a crash can then lose the last lines, never
-        corrupt the file, and `close()` waits for them (a batch whose calls cannot be
-        copied cheaply, or that carries decisions, still waits; so does every batch with
-        `fsync`, and once `_MOST_QUEUED` lines wait to be written)."""
+        out). `wait=False`: a batch returns once its record is made (`_gather`), written
+        within milliseconds with those of the batches after it; a crash can then lose the
+        records of the last few milliseconds, never corrupt the file, and `close()` waits
+        for them. A batch of another shape is handed to the writer thread with its calls
+        copied, if they copy cheaply; a batch whose calls do not, or that carries
+        decisions, still waits; so does every batch with `fsync`, and once `_MOST_QUEUED`
+        lines wait to be written."""
         self.path = path
         self._header: dict[str, Any] = {
             "type": "header",
@@ -675,8 +689,15 @@ class Recorder:
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
         self._writer_lock = threading.Lock()
-        self._unwritten = 0  # jobs handed to the writer and not yet done
+        self._unwritten = 0  # jobs handed to the writer and not yet done (records, each one)
         self._here_until = 0.0  # monotonic time before which no line is written on the loop
+        # with `wait=False`, the records gathered on the loop and not yet written (`_gather`),
+        # and when the first of them was
+        self._gathered: list[tuple[dict[str, Any], bool]] = []
+        self._gathered_since = 0.0
+        self._last_gathered = 0.0  # monotonic time a record was last gathered
+        self._watching = False  # the writer thread looks at them in a while (`_look_at_gathered`)
+        self._turn = _backend.GilTurn()  # ... and takes its turn at the GIL at a batch's end
 
     def submit(
         self,
@@ -698,7 +719,11 @@ class Recorder:
         this is every batch's path, and the thread's job is the only one that needs one."""
         if self.problem is not None:
             return None  # the recording stopped: nothing to write, nothing to wait for
-        if not (self.wait or self.fsync) and self._unwritten < _MOST_QUEUED:
+        if not (self.wait or self.fsync) and self._unwritten + len(self._gathered) < _MOST_QUEUED:
+            if not decisions and self._gather(
+                run_id, round, calls, plan, results, control, all_loaded, rewritten
+            ):
+                return None
             copied = _copied_calls(calls, decisions)
             if copied is not None:
                 parts = (run_id, round, copied, plan, results, decisions, control, all_loaded, rewritten)
@@ -752,6 +777,12 @@ class Recorder:
                 named = False
             if fd is None or not named:
                 return False
+            if self._gathered:  # gathered while `wait` was false: numbered before this batch
+                self._named_fd = fd
+                self._write_gathered()
+                self._named_fd = None
+                if self.problem is not None:
+                    return True
             line = None
             if not decisions and self._rows and self._seq is not None:  # `submit` asked of `problem`
                 line = self._common_line(run_id, round, calls, plan, results, control, all_loaded, rewritten)
@@ -829,17 +860,134 @@ class Recorder:
 
     def _put(self, job: _Job) -> None:
         with self._writer_lock:
+            self._hand_gathered()  # first: they came before this job
             self._unwritten += 1
             self._jobs.put(job)
-            if self._writer is None:
-                writer = threading.Thread(target=self._write_jobs, name="threepass-recording", daemon=True)
-                try:
-                    writer.start()
-                except BaseException:
-                    self._unwritten -= 1
-                    self._jobs.get_nowait()
-                    raise
-                self._writer = writer
+            try:
+                self._start_writer()
+            except BaseException:
+                self._unwritten -= 1
+                self._jobs.get_nowait()
+                raise
+
+    def _hand_gathered(self) -> None:
+        """Under `_writer_lock`: the records gathered on the loop, as the writer thread's next
+        job (after every job handed over before them, which they came after)."""
+        gathered, self._gathered = self._gathered, []
+        if gathered:
+            self._unwritten += len(gathered)
+            self._jobs.put(_Job(None, _nobody, records=gathered))
+            try:
+                self._start_writer()
+            except BaseException:
+                self._unwritten -= len(gathered)
+                self._jobs.get_nowait()
+                self._gathered = gathered
+                raise
+
+    def _start_writer(self) -> None:
+        """Under `_writer_lock`: a writer thread for the jobs just put, if none runs."""
+        if self._writer is None:
+            writer = threading.Thread(target=self._write_jobs, name="threepass-recording", daemon=True)
+            writer.start()
+            self._writer = writer
+
+    def _gather(
+        self,
+        run_id: int,
+        round: int,
+        calls: Sequence[Any],
+        plan: Plan,
+        results: Sequence[ToolResult | None],
+        control: BaseException | None,
+        all_loaded: bool,
+        rewritten: bool,
+    ) -> bool:
+        """With `wait` false: the common batch's record (`_common_rows`) made here, on the
+        loop's thread, and gathered with those before it, to be numbered, encoded and
+        written together with one `write`: on the loop, at the end of the batch in which the
+        first of them has waited `_GATHER` seconds (once the file is open, a regular file,
+        and the writer thread has nothing left to do), or else by the writer thread, which
+        the first of them pokes. The batch returns at once, its record made: the caller may
+        change its calls afterwards. False for any other batch, which goes to the writer
+        thread as before (`_copied_calls`)."""
+        apart = type(run_id) is type(round) is int and run_id in _ORJSON_INTS and round in _ORJSON_INTS
+        try:
+            rows = _common_rows(calls, plan.calls, results, rewritten, apart)
+        except Exception:  # what the writer thread would say, and does
+            return False
+        if rows is None:
+            return False
+        record = _rows_record(run_id, round, all_loaded, rows, control)
+        now = time.monotonic()
+        with self._writer_lock:
+            gathered = self._gathered
+            gathered.append((record, True))
+            self._last_gathered = now
+            if len(gathered) > 1:
+                if (
+                    now - self._gathered_since >= _GATHER or len(gathered) >= _GATHERED_MOST
+                ) and self._loop_writes(now):
+                    self._write_gathered_here()
+            else:
+                self._gathered_since = now
+            if not self._watching:
+                try:  # the thread writes them should no batch end meanwhile
+                    self._jobs.put(_Job(None, _nobody, poke=True))
+                    self._start_writer()
+                except Exception:  # no thread to be had: the batch waits for its line after all
+                    with contextlib.suppress(Exception):
+                        self._jobs.get_nowait()
+                    if self._gathered and self._gathered[-1][0] is record:
+                        self._gathered.pop()
+                        return False
+                    return True  # written already, with those before it
+                self._watching = True
+                self._turn.woken()
+        self._turn.take_if_due()  # the writer thread, due to look at them, runs now
+        return True
+
+    def _loop_writes(self, now: float) -> bool:
+        """Under `_writer_lock`: whether the records gathered may be written on the calling
+        thread now: the file open and a regular file, no job before them, no disk stalled."""
+        return self._unwritten == 0 and self._fd is not None and self._fd_regular and now >= self._here_until
+
+    def _write_gathered_here(self) -> None:
+        """Under `_writer_lock`, on the loop's thread: the records gathered written, unless
+        the file was removed or replaced since (a new one is opened: the writer thread's to
+        do); a write that takes over `WRITE_STALL` sends lines to the thread for `WRITE_PAUSE`."""
+        fd = self._fd
+        try:
+            named = fd is not None and os.fstat(fd).st_nlink > 0  # a file renamed over it unlinks it
+        except OSError:
+            named = False
+        if not named:
+            try:
+                self._hand_gathered()
+            except Exception as exc:  # no thread to be had
+                self._stop(exc)
+            return
+        began = time.monotonic()
+        self._named_fd = fd
+        self._write_gathered()
+        self._named_fd = None
+        took = time.monotonic() - began
+        if took > WRITE_STALL:
+            self._here_until = began + WRITE_PAUSE
+            log.info(
+                "the recording %s took %.1f ms to take lines on the event loop: lines go to "
+                "its writer thread for %g s",
+                self.path,
+                took * 1e3,
+                WRITE_PAUSE,
+            )
+
+    def _write_gathered(self) -> None:
+        """Under `_writer_lock`, on the loop's thread, the file open and named: the records
+        gathered numbered, encoded and written."""
+        gathered, self._gathered = self._gathered, []
+        if gathered:
+            self._append_all(gathered)
 
     def _write_jobs(self) -> None:
         """The writer thread: build, encode, hash and write the batches handed over, in
@@ -848,25 +996,57 @@ class Recorder:
         holds up the interpreter's exit; `close()` and the exit handler wait for what was
         handed over."""
         jobs = self._jobs
+        look: float | None = None  # watching the records gathered: when to look at them next
+        turn = self._turn
         while True:
+            turn.waiting(math.inf if look is None else time.monotonic() + look)
             try:
-                burst = [jobs.get(timeout=_IDLE_SECONDS)]
+                burst = [jobs.get(timeout=_IDLE_SECONDS if look is None else look)]
             except queue.Empty:
+                turn.running()
+                if look is not None:
+                    look = self._look_at_gathered(look)
+                    continue
                 with self._writer_lock:
-                    if jobs.empty():
+                    if jobs.empty() and not self._watching:
                         self._writer = None
                         return
                 continue
+            turn.running()
             while True:
                 try:
                     burst.append(jobs.get_nowait())
                 except queue.Empty:
                     break
+            if look is None and any(job.poke for job in burst):
+                look = _GATHER
             self._write_burst(burst)
-            if not self.wait and jobs.empty():
+            if look is None and not self.wait and jobs.empty():
                 # batches that do not wait come in while this thread sleeps, and are taken
                 # together: the loop does not wake it for every one
                 time.sleep(_LINGER)
+
+    def _look_at_gathered(self, waited: float) -> float | None:
+        """The writer thread, watching the records gathered on the loop, having waited
+        `waited` seconds: once none has been gathered for `_GATHER` (no batch ended to
+        write them), or once the first has waited that long where the loop cannot write
+        them, they become its next job. It looks again twice as long after, up to `_GATHER_LONGEST`
+        (while batches keep ending the loop writes them, and a thread that wakes beside a
+        busy loop costs the loop its turn at the GIL), until none has been gathered for that
+        long. How long to wait before looking again, or None: it watches no more (the next
+        record gathered pokes it)."""
+        with self._writer_lock:
+            now = time.monotonic()
+            # the loop writes them at a batch's end once it can (see `_gather`); until then
+            # (the file not yet open, or no regular file, jobs before them, a disk that
+            # stalled), this thread takes every record that has waited `_GATHER`
+            since = self._last_gathered if self._loop_writes(now) else self._gathered_since
+            if self._gathered and now - since >= _GATHER:
+                self._hand_gathered()  # this thread's next job
+            elif now - self._last_gathered >= _GATHER_LONGEST:
+                self._watching = False  # none for a while: the next one pokes
+                return None
+        return min(2 * waited, _GATHER_LONGEST)
 
     def _write_burst(self, burst: list[_Job]) -> None:
         """Write the jobs of `burst` in order, then tell each that it is done (a closing job
@@ -875,7 +1055,11 @@ class Recorder:
         done: list[_Job] = []
         try:
             for job in burst:
+                if job.poke:
+                    continue
                 done.append(job)
+                if job.records is not None:
+                    records.extend(job.records)
                 if job.batch is not None and self.problem is None:
                     try:
                         records.append(self._record_of(**job.batch))
@@ -890,7 +1074,7 @@ class Recorder:
             self._append_all(records)
         finally:
             with self._writer_lock:
-                self._unwritten -= len(done)
+                self._unwritten -= sum(1 if job.records is None else len(job.records) for job in done)
             for job in done:
                 with contextlib.suppress(Exception):  # the loop that waited is gone: nobody to tell
                     job.wake()
@@ -899,6 +1083,12 @@ class Recorder:
         """Wait until every job handed over is written (and, `closing`, the file closed by the
         writer); False if the writer is still busy after `timeout` seconds."""
         with self._writer_lock:
+            if self._gathered and self._loop_writes(time.monotonic()):
+                self._write_gathered_here()  # as the loop would at a batch's end
+            try:
+                self._hand_gathered()  # any left: the writer's to write
+            except Exception as exc:  # no thread to be had: they are lost, and it is said
+                self._stop(exc)
             idle = self._unwritten == 0
         if idle:
             if closing:
@@ -908,6 +1098,12 @@ class Recorder:
         if not self._hand_over(_Job(None, done.set, closing=closing)):
             return True  # no writer to be had: the recording stopped, nothing more is written
         return done.wait(timeout)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every batch recorded so far is in the file (synced, with `fsync`), the
+        records gathered with `wait` false included, and the file stays open; False if the
+        writer is still busy after `timeout` seconds (a disk that stalls)."""
+        return self._drain(timeout)
 
     def close(self) -> None:
         """The session is closing: wait for the lines handed over, then close the file (a
@@ -1052,6 +1248,7 @@ class Recorder:
         """The recording stops for `exc`, said once in the log; `close`: a write failed, and
         the file it went to is closed too."""
         self.problem = exc
+        self._gathered = []  # nothing more is written
         log.error("recording to %s failed and stops here: %s", self.path, exc)
         if close:
             self._close_file()

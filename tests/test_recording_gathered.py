@@ -1,0 +1,221 @@
+"""A recording whose batches need not wait (`record_wait=False`): each batch's record is made
+on the loop as the batch returns and gathered with the next ones; the loop writes them with
+one `write` at the end of the batch in which the first has waited `_GATHER`, and the writer
+thread writes them once batches stop coming. What a crash can lose is bounded in time, the
+chain holds across both ways of writing, and a file replaced meanwhile is noticed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from dispatcher import Allow, Dispatcher, Registry, Tool, replay
+from dispatcher._recording import _GATHER, _GATHER_LONGEST, read_recording
+
+from ._fakes import TEXT_SCHEMA, Counter, fake_registry, openai_call
+from ._recorded import read_lines
+
+ROOT = Path(__file__).resolve().parent.parent
+_REAL_WRITE = os.write
+
+
+def _session(path: Path, name: str = "gathered", registry: Registry | None = None, **options: Any) -> Any:
+    d = Dispatcher(registry or fake_registry(Counter(), {}), **options)
+    return d.session(name, record=path, record_wait=False)
+
+
+def _batch(n: int, size: int = 1) -> list[dict[str, Any]]:
+    return [openai_call(f"{n}-{i}", "echo", {"text": f"{n}/{i}"}) for i in range(size)]
+
+
+def _lines_in(path: Path) -> int:
+    """Whole lines in the file now (the header among them)."""
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+async def _until_lines(path: Path, count: int) -> None:
+    """Until the file holds `count` whole lines (written by another thread: polled)."""
+    with anyio.fail_after(10):
+        while _lines_in(path) < count:  # noqa: ASYNC110  # the file, written by a thread
+            await anyio.sleep(0.001)
+
+
+def _texts(path: Path) -> list[str]:
+    """The first result of each batch in the file, in its order."""
+    _, batches, truncated, problem = read_recording(path)
+    assert problem is None and not truncated
+    return [b["results"][0]["content"] for b in batches]
+
+
+async def test_while_batches_keep_coming_the_loop_writes_what_has_waited(tmp_path: Path) -> None:
+    """After each batch, every batch that returned `_GATHER` seconds before this one began is
+    in the file: the loop writes the records gathered at the end of the batch in which the
+    first of them has waited that long. Once the file is open, the writer thread writes
+    none of them, and the loop writes far fewer times than there are batches."""
+    path = tmp_path / "busy.jsonl"
+    s = _session(path)
+    await s.dispatch(_batch(0))  # opens the file: the writer thread's to do
+    await _until_lines(path, 2)
+    writers: list[bool] = []
+
+    def watched(fd: int, data: Any) -> int:
+        if bytes(data[:7]) == b'{"type"':
+            writers.append(threading.current_thread() is threading.main_thread())
+        return _REAL_WRITE(fd, data)
+
+    os_write, os.write = os.write, watched
+    try:
+        returned: list[float] = [0.0]  # when each batch returned (batch 0 counts as long ago)
+        for n in range(1, 400):
+            began = time.monotonic()
+            await s.dispatch(_batch(n))
+            returned.append(time.monotonic())
+            written = _lines_in(path) - 1
+            due = sum(1 for t in returned if t <= began - _GATHER)
+            assert written >= due, (n, written, due)
+    finally:
+        os.write = os_write
+    assert writers and all(writers)  # every write on the loop's thread
+    assert len(writers) < 200  # many batches to a write
+    s.close()
+    assert _texts(path) == [f"{n}/0" for n in range(400)]
+
+
+async def test_once_batches_stop_the_writer_thread_writes_what_was_gathered(tmp_path: Path) -> None:
+    """Batches that stop: what they gathered is in the file within `_GATHER_LONGEST` and a
+    little more, with no batch ending and the session left open."""
+    path = tmp_path / "idle.jsonl"
+    s = _session(path)
+    for n in range(5):
+        await s.dispatch(_batch(n))
+    await anyio.sleep(0.1)
+    for n in range(5, 12):
+        await s.dispatch(_batch(n))
+    stopped = time.monotonic()
+    await _until_lines(path, 13)
+    assert time.monotonic() - stopped < _GATHER_LONGEST + 0.25
+    assert _texts(path) == [f"{n}/0" for n in range(12)]
+    s.close()
+
+
+_KILLED = """
+import os, signal, sys, time, trio
+sys.path.insert(0, {root!r})
+from dispatcher import Dispatcher
+from tests._fakes import Counter, fake_registry, openai_call
+
+async def main():
+    s = Dispatcher(fake_registry(Counter(), {{}})).session("killed", record={path!r}, record_wait=False)
+    for b in range({batches}):
+        await s.dispatch([openai_call(f"{{b}}-{{i}}", "echo", {{"text": f"{{b}}/{{i}}"}}) for i in range(3)])
+    await trio.sleep({pause})
+    os.kill(os.getpid(), signal.SIGKILL)
+
+trio.run(main)
+"""
+
+
+@pytest.mark.parametrize("batches", [1, 300])
+def test_a_process_killed_a_moment_after_its_batches_has_every_line(tmp_path: Path, batches: int) -> None:
+    """kill -9 once the batches have stopped for a moment (`_GATHER_LONGEST` and a margin),
+    the session never closed: every batch is whole in the file, and it replays."""
+    path = tmp_path / "killed.jsonl"
+    script = _KILLED.format(root=str(ROOT), path=str(path), batches=batches, pause=_GATHER_LONGEST + 0.2)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert _texts(path) == [f"{b}/0" for b in range(batches)]
+    report = anyio.run(replay, path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.batches == batches
+
+
+async def test_the_chain_holds_when_batches_that_wait_follow_gathered_ones(tmp_path: Path) -> None:
+    """Records gathered, then a batch that waits (the recording told to wait, or a batch the
+    gate decided, which is never gathered): the gathered ones are written first, numbered
+    before it, and the file replays whole."""
+
+    async def echo(args: Any, ctx: Any) -> str:
+        return str(args["text"])
+
+    registry = Registry(
+        [
+            Tool("echo", "Echo.", echo, TEXT_SCHEMA, concurrent=True, deferred=False),
+            Tool("asked", "Echo, asked.", echo, TEXT_SCHEMA, concurrent=True, deferred=False, confirm=True),
+        ]
+    )
+    path = tmp_path / "mixed.jsonl"
+    s = _session(path, registry=registry, gate=lambda c, ctx: Allow())
+    assert s.recorder is not None
+    expected = []
+    for n in range(3):
+        await s.dispatch(_batch(n))
+        expected.append(f"{n}/0")
+    await s.dispatch([openai_call("asked-1", "asked", {"text": "asked"})])  # waits for its line
+    expected.append("asked")
+    assert _texts(path) == expected  # in the file as it returned, after those gathered before it
+    for n in range(3, 6):
+        await s.dispatch(_batch(n))
+        expected.append(f"{n}/0")
+    s.recorder.wait = True
+    await s.dispatch(_batch(6))
+    expected.append("6/0")
+    assert _texts(path) == expected
+    s.close()
+    lines = read_lines(path)
+    assert [line["seq"] for line in lines] == list(range(len(expected) + 1))
+    report = await replay(path, Dispatcher(registry, gate=lambda c, ctx: Allow()))
+    assert report.ok and report.batches == len(expected)
+
+
+async def test_a_file_replaced_while_records_wait_goes_on_in_the_new_file(tmp_path: Path) -> None:
+    """The file renamed over between batches whose records wait to be written: they go on in
+    the file now at the path, after a header, numbered from 1, and that file replays."""
+    path = tmp_path / "replaced.jsonl"
+    s = _session(path)
+    await s.dispatch(_batch(0))
+    await _until_lines(path, 2)
+    await s.dispatch(_batch(1))  # gathered, not yet written
+    (tmp_path / "other.jsonl").write_bytes(b"")
+    os.replace(tmp_path / "other.jsonl", path)
+    for n in range(2, 6):
+        await s.dispatch(_batch(n))
+        await anyio.sleep(_GATHER)  # each batch's end finds the one before waited long enough
+    s.close()
+    lines = read_lines(path)
+    assert lines[0]["type"] == "header" and [line["seq"] for line in lines] == list(range(len(lines)))
+    assert _texts(path) == [f"{n}/0" for n in range(1, 6)]
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.batches == 5
+
+
+async def test_calls_changed_after_the_batch_returned_are_recorded_as_they_were(tmp_path: Path) -> None:
+    """The record is made as the batch returns: the caller's dicts, changed afterwards (a
+    large batch, whose rows are encoded at once, and a small one), change nothing in it."""
+    path = tmp_path / "reused.jsonl"
+    s = _session(path)
+    batches = [_batch(0, size=20), _batch(1, size=2)]
+    for items in batches:
+        await s.dispatch(items)
+        for item in items:
+            item["id"] = "changed"
+            item["function"]["arguments"] = '{"text": "changed"}'
+    s.close()
+    _, recorded, _, problem = read_recording(path)
+    assert problem is None
+    assert [[c["id"] for c in b["calls"]] for b in recorded] == [
+        [f"0-{i}" for i in range(20)],
+        ["1-0", "1-1"],
+    ]
+    assert [r["content"] for r in recorded[0]["results"]] == [f"0/{i}" for i in range(20)]
