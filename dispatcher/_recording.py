@@ -919,6 +919,9 @@ class Recorder:
         if rows is None:
             return False
         record = _rows_record(run_id, round, all_loaded, rows, control)
+        # the writer thread, due to look at those gathered before (or poked by the last batch)
+        # and not yet run, runs now: beside a loop that keeps the GIL it would wait long for it
+        self._turn.take_if_due()
         now = time.monotonic()
         with self._writer_lock:
             gathered = self._gathered
@@ -943,8 +946,7 @@ class Recorder:
                         return False
                     return True  # written already, with those before it
                 self._watching = True
-                self._turn.woken()
-        self._turn.take_if_due()  # the writer thread, due to look at them, runs now
+                self._turn.woken()  # it runs when the loop next waits, or is given way to
         return True
 
     def _loop_writes(self, now: float) -> bool:
