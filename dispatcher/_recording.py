@@ -777,10 +777,17 @@ class Recorder:
                 named = False
             if fd is None or not named:
                 return False
+            if self._unwritten:
+                # `submit` found no job before this batch, but it asked without the lock: the
+                # writer thread may have taken the records gathered as its job since
+                # (`_look_at_gathered`), and writes them, unlocked; this batch goes after them
+                return False
             if self._gathered:  # gathered while `wait` was false: numbered before this batch
                 self._named_fd = fd
-                self._write_gathered()
-                self._named_fd = None
+                try:
+                    self._write_gathered()
+                finally:  # an interrupt included: a later `_open` must look at the file again
+                    self._named_fd = None
                 if self.problem is not None:
                     return True
             line = None
@@ -794,10 +801,12 @@ class Recorder:
                     self._stop(exc, close=True)
             else:
                 self._named_fd = fd  # `_open` need not look again
-                self.record_batch(
-                    run_id, round, calls, plan, results, decisions, control, all_loaded, rewritten
-                )
-                self._named_fd = None
+                try:
+                    self.record_batch(
+                        run_id, round, calls, plan, results, decisions, control, all_loaded, rewritten
+                    )
+                finally:
+                    self._named_fd = None
         took = time.monotonic() - began
         if took > WRITE_STALL:
             self._here_until = began + WRITE_PAUSE
@@ -873,14 +882,19 @@ class Recorder:
     def _hand_gathered(self) -> None:
         """Under `_writer_lock`: the records gathered on the loop, as the writer thread's next
         job (after every job handed over before them, which they came after)."""
-        gathered, self._gathered = self._gathered, []
+        gathered = self._gathered
         if gathered:
-            self._unwritten += len(gathered)
-            self._jobs.put(_Job(None, _nobody, records=gathered))
+            # the job made first, then nothing that calls Python code until it is queued: an
+            # interrupt (a KeyboardInterrupt on the loop's thread) lands before the records
+            # leave `_gathered` or once they are in the queue, never between
+            job, count = _Job(None, _nobody, records=gathered), len(gathered)
+            self._gathered = []
+            self._unwritten += count
+            self._jobs.put(job)
             try:
                 self._start_writer()
             except BaseException:
-                self._unwritten -= len(gathered)
+                self._unwritten -= count
                 self._jobs.get_nowait()
                 self._gathered = gathered
                 raise
@@ -971,8 +985,10 @@ class Recorder:
             return
         began = time.monotonic()
         self._named_fd = fd
-        self._write_gathered()
-        self._named_fd = None
+        try:
+            self._write_gathered()
+        finally:  # an interrupt included: a later `_open` must look at the file again
+            self._named_fd = None
         took = time.monotonic() - began
         if took > WRITE_STALL:
             self._here_until = began + WRITE_PAUSE
@@ -986,10 +1002,22 @@ class Recorder:
 
     def _write_gathered(self) -> None:
         """Under `_writer_lock`, on the loop's thread, the file open and named: the records
-        gathered numbered, encoded and written."""
+        gathered numbered, encoded and written. An interrupt that lands meanwhile (a
+        KeyboardInterrupt, raised on the loop's thread wherever its handler runs: while
+        the records are encoded, say) leaves them gathered if none was written, for the
+        next batch, `flush()` or `close()` to write: `_write` numbers the chain on just
+        before its `write`, so a `_seq` unchanged says no line of theirs reached the file,
+        and one changed that they all did (an interrupt raised as the write returns)."""
         gathered, self._gathered = self._gathered, []
-        if gathered:
+        if not gathered:
+            return
+        seq = self._seq
+        try:
             self._append_all(gathered)
+        except BaseException:
+            if self._seq == seq and self.problem is None:
+                self._gathered = gathered + self._gathered
+            raise
 
     def _write_jobs(self) -> None:
         """The writer thread: build, encode, hash and write the batches handed over, in
