@@ -366,11 +366,11 @@ async def _blocks(
                 times[name].append(elapsed / (per_block * size))
             # untimed: a writer thread that looks a while after its batches (`record_wait=False`)
             # is done looking before the next system's block, where it would wait for the GIL
-            time.sleep(_BETWEEN_BLOCKS)
+            await trio.sleep(_BETWEEN_BLOCKS)
     return {name: statistics.median(t) * 1e6 for name, t in times.items()}
 
 
-_RECORDING_BLOCKS = {1: (15, 100), 100: (10, 8)}  # (blocks, batches in each) per batch size
+_RECORDING_BLOCKS = {1: (9, 300), 100: (9, 16)}  # (blocks, batches in each) per batch size
 _BETWEEN_BLOCKS = 0.03  # seconds between two blocks of `_blocks`
 
 

@@ -542,7 +542,7 @@ _CLOSE_WAIT = 5.0  # how long `close()` (and the interpreter's exit) waits for a
 _LINGER = 0.002  # with `wait=False`, how long a writer gathers lines before it writes them
 _GATHER = 0.002  # with `wait=False`, how long records gathered on the loop wait to be written
 _GATHERED_MOST = 256  # ... or how many of them
-_GATHER_LONGEST = 0.02  # the longest the writer thread waits before it looks at them again
+_GATHER_LONGEST = 0.02  # how often the writer thread looks at them while batches keep coming
 _MOST_QUEUED = 1000  # with `wait=False`, lines waiting to be written before batches wait again
 WRITE_STALL = 0.1
 """A line written on the event loop that takes longer than this (seconds) sends lines to
@@ -1035,7 +1035,7 @@ class Recorder:
             except queue.Empty:
                 turn.running()
                 if look is not None:
-                    look = self._look_at_gathered(look)
+                    look = self._look_at_gathered()
                     continue
                 with self._writer_lock:
                     if jobs.empty() and not self._watching:
@@ -1056,15 +1056,15 @@ class Recorder:
                 # together: the loop does not wake it for every one
                 time.sleep(_LINGER)
 
-    def _look_at_gathered(self, waited: float) -> float | None:
-        """The writer thread, watching the records gathered on the loop, having waited
-        `waited` seconds: once none has been gathered for `_GATHER` (no batch ended to
-        write them), or once the first has waited that long where the loop cannot write
-        them, they become its next job. It looks again twice as long after, up to `_GATHER_LONGEST`
-        (while batches keep ending the loop writes them, and a thread that wakes beside a
-        busy loop costs the loop its turn at the GIL), until none has been gathered for that
-        long. How long to wait before looking again, or None: it watches no more (the next
-        record gathered pokes it)."""
+    def _look_at_gathered(self) -> float | None:
+        """The writer thread, watching the records gathered on the loop: once none has been
+        gathered for `_GATHER` (no batch ended to write them), or once the first has waited
+        that long where the loop cannot write them, they become its next job. Poked, it
+        looks `_GATHER` later (a batch alone, then the loop waiting, is written at once),
+        then every `_GATHER_LONGEST` (while batches keep ending the loop writes them, and a
+        thread that wakes beside a busy loop costs the loop its turn at the GIL), until none
+        has been gathered for that long. How long to wait before looking again, or None: it
+        watches no more (the next record gathered pokes it)."""
         with self._writer_lock:
             now = time.monotonic()
             # the loop writes them at a batch's end once it can (see `_gather`); until then
@@ -1076,7 +1076,7 @@ class Recorder:
             elif now - self._last_gathered >= _GATHER_LONGEST:
                 self._watching = False  # none for a while: the next one pokes
                 return None
-        return min(2 * waited, _GATHER_LONGEST)
+        return _GATHER_LONGEST
 
     def _write_burst(self, burst: list[_Job]) -> None:
         """Write the jobs of `burst` in order, then tell each that it is done (a closing job
