@@ -106,7 +106,7 @@ async def test_once_batches_stop_the_writer_thread_writes_what_was_gathered(tmp_
         await s.dispatch(_batch(n))
     stopped = time.monotonic()
     await _until_lines(path, 13)
-    assert time.monotonic() - stopped < _GATHER_LONGEST + 0.25
+    assert time.monotonic() - stopped < _GATHER_LONGEST + 1.0  # a busy machine may be slow to run the thread
     assert _texts(path) == [f"{n}/0" for n in range(12)]
     s.close()
 
@@ -133,7 +133,7 @@ def test_a_process_killed_a_moment_after_its_batches_has_every_line(tmp_path: Pa
     """kill -9 once the batches have stopped for a moment (`_GATHER_LONGEST` and a margin),
     the session never closed: every batch is whole in the file, and it replays."""
     path = tmp_path / "killed.jsonl"
-    script = _KILLED.format(root=str(ROOT), path=str(path), batches=batches, pause=_GATHER_LONGEST + 0.2)
+    script = _KILLED.format(root=str(ROOT), path=str(path), batches=batches, pause=_GATHER_LONGEST + 0.5)
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, timeout=60)
     assert done.returncode == -signal.SIGKILL, done.stderr
     assert _texts(path) == [f"{b}/0" for b in range(batches)]
