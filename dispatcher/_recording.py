@@ -807,17 +807,22 @@ class Recorder:
                     )
                 finally:
                     self._named_fd = None
+        self._stalled_since(began)
+        return True
+
+    def _stalled_since(self, began: float) -> None:
+        """After lines written on the loop's thread from `began` (monotonic): should that have
+        taken over `WRITE_STALL`, lines go to the writer thread for `WRITE_PAUSE`."""
         took = time.monotonic() - began
         if took > WRITE_STALL:
             self._here_until = began + WRITE_PAUSE
             log.info(
-                "the recording %s took %.1f ms to take a line on the event loop: lines go to "
+                "the recording %s took %.1f ms to take lines on the event loop: lines go to "
                 "its writer thread for %g s",
                 self.path,
                 took * 1e3,
                 WRITE_PAUSE,
             )
-        return True
 
     def _common_line(
         self,
@@ -989,16 +994,7 @@ class Recorder:
             self._write_gathered()
         finally:  # an interrupt included: a later `_open` must look at the file again
             self._named_fd = None
-        took = time.monotonic() - began
-        if took > WRITE_STALL:
-            self._here_until = began + WRITE_PAUSE
-            log.info(
-                "the recording %s took %.1f ms to take lines on the event loop: lines go to "
-                "its writer thread for %g s",
-                self.path,
-                took * 1e3,
-                WRITE_PAUSE,
-            )
+        self._stalled_since(began)
 
     def _write_gathered(self) -> None:
         """Under `_writer_lock`, on the loop's thread, the file open and named: the records

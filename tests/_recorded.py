@@ -1,6 +1,6 @@
 """Recording lines as replay reads them (`_recording._record`: a `rows` line as the `batch`
-record it stands for), and the checks that a line the one-pass builder made reads back as
-the record built part by part."""
+record it stands for), the checks that a line the one-pass builder made reads back as
+the record built part by part, and a file a thread writes, watched."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from dispatcher import _recording
-from dispatcher._recording import Recorder, encode_line
+from dispatcher._recording import Recorder, encode_line, read_recording
 
 
 @contextmanager
@@ -90,3 +91,25 @@ def one_pass_line(record: dict[str, Any], plain: bool) -> bytes:
     line = encode_line(record, finite=plain)
     assert record["type"] == json.loads(line)["type"] == ("rows" if plain else "batch")
     return line
+
+
+def lines_in(path: Path) -> int:
+    """Whole lines in the file now (the header among them)."""
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+async def until_lines(path: Path, count: int) -> None:
+    """Until the file holds `count` whole lines (written by another thread: polled)."""
+    with anyio.fail_after(10):
+        while lines_in(path) < count:  # noqa: ASYNC110  # the file, written by a thread
+            await anyio.sleep(0.001)
+
+
+def first_results(path: Path) -> list[str]:
+    """The first result of each batch in the file, in its order; the file whole."""
+    _, batches, truncated, problem = read_recording(path)
+    assert problem is None and not truncated, problem
+    return [b["results"][0]["content"] for b in batches]

@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dispatcher import Allow, Dispatcher, Registry, Tool, ToolCall, replay
-from dispatcher._recording import _GATHER, _GATHER_LONGEST, Recorder, _read_data, read_recording
+from dispatcher._recording import _GATHER, _GATHER_LONGEST, Recorder, _read_data
 
 from ._fakes import TEXT_SCHEMA, openai_call
-from ._recorded import read_lines
+from ._recorded import first_results, read_lines, until_lines
 
 _REAL_WRITE = os.write
 
@@ -48,26 +48,6 @@ def _batch(n: int, tool: str = "echo") -> list[dict[str, Any]]:
     return [openai_call(f"{n}-0", tool, {"text": f"{n}/0"})]
 
 
-def _texts(path: Path) -> list[str]:
-    _, batches, truncated, problem = read_recording(path)
-    assert problem is None and not truncated, problem
-    return [b["results"][0]["content"] for b in batches]
-
-
-def _lines_in(path: Path) -> int:
-    """Whole lines in the file now (the header among them)."""
-    try:
-        return path.read_bytes().count(b"\n")
-    except FileNotFoundError:
-        return 0
-
-
-async def _until_lines(path: Path, count: int) -> None:
-    with anyio.fail_after(10):
-        while _lines_in(path) < count:  # noqa: ASYNC110  # the file, written by a thread
-            await anyio.sleep(0.001)
-
-
 async def test_a_batch_that_writes_here_as_the_thread_takes_the_records_keeps_their_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -79,7 +59,7 @@ async def test_a_batch_that_writes_here_as_the_thread_takes_the_records_keeps_th
     path = tmp_path / "raced.jsonl"
     s = _session(path)
     await s.dispatch(_batch(0))
-    await _until_lines(path, 2)  # the file open: the loop may write from now on
+    await until_lines(path, 2)  # the file open: the loop may write from now on
     recorder = s.recorder
     original = Recorder._write_here
 
@@ -103,7 +83,7 @@ async def test_a_batch_that_writes_here_as_the_thread_takes_the_records_keeps_th
     recorder.flush()
     s.close()
     assert [line["seq"] for line in read_lines(path)] == [0, 1, 2, 3]
-    assert _texts(path) == ["0/0", "1/0", "2/0"]
+    assert first_results(path) == ["0/0", "1/0", "2/0"]
     report = await replay(path, Dispatcher(_registry(), gate=lambda c, ctx: Allow()))
     assert report.ok and report.batches == 3
 
@@ -118,7 +98,7 @@ async def test_an_interrupt_while_the_loop_writes_the_records_gathered_loses_non
     path = tmp_path / "interrupted.jsonl"
     s = _session(path)
     await s.dispatch(_batch(0))
-    await _until_lines(path, 2)
+    await until_lines(path, 2)
     from dispatcher import _recording
 
     original = _recording.encode_line
@@ -141,7 +121,7 @@ async def test_an_interrupt_while_the_loop_writes_the_records_gathered_loses_non
                 n += 1
     monkeypatch.undo()
     s.close()
-    got = _texts(path)
+    got = first_results(path)
     assert got in (returned, [*returned, f"{n}/0"])  # the interrupted batch's tools ran
     assert [line["seq"] for line in read_lines(path)] == list(range(len(got) + 1))
 
@@ -156,7 +136,7 @@ async def test_a_file_replaced_after_an_interrupt_on_the_loop_is_noticed(
     path = tmp_path / "interrupted.jsonl"
     s = _session(path)
     await s.dispatch(_batch(0))
-    await _until_lines(path, 2)
+    await until_lines(path, 2)
     original = Recorder._open
     armed = [True]
 
@@ -179,7 +159,7 @@ async def test_a_file_replaced_after_an_interrupt_on_the_loop_is_noticed(
     (tmp_path / "other.jsonl").write_bytes(b"")
     os.replace(tmp_path / "other.jsonl", path)
     s.close()
-    got = _texts(path)
+    got = first_results(path)
     assert got in (returned, [*returned, f"{n}/0"])
     lines = read_lines(path)
     assert lines[0]["type"] == "header" and [line["seq"] for line in lines] == list(range(len(lines)))
@@ -315,5 +295,5 @@ async def test_an_interrupt_as_the_records_gathered_are_handed_to_the_thread_los
     assert s.recorder._unwritten == 0 or s.recorder._jobs.qsize() > 0
     await s.dispatch(_batch(1))
     s.close()
-    assert _texts(path) == ["0/0", "1/0"]
+    assert first_results(path) == ["0/0", "1/0"]
     assert s.recorder._unwritten == 0

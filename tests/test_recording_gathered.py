@@ -23,7 +23,7 @@ from dispatcher import Allow, Dispatcher, Registry, Tool, replay
 from dispatcher._recording import _GATHER, _GATHER_LONGEST, read_recording
 
 from ._fakes import TEXT_SCHEMA, Counter, fake_registry, openai_call
-from ._recorded import read_lines
+from ._recorded import first_results, lines_in, read_lines, until_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 _REAL_WRITE = os.write
@@ -38,28 +38,6 @@ def _batch(n: int, size: int = 1) -> list[dict[str, Any]]:
     return [openai_call(f"{n}-{i}", "echo", {"text": f"{n}/{i}"}) for i in range(size)]
 
 
-def _lines_in(path: Path) -> int:
-    """Whole lines in the file now (the header among them)."""
-    try:
-        return path.read_bytes().count(b"\n")
-    except FileNotFoundError:
-        return 0
-
-
-async def _until_lines(path: Path, count: int) -> None:
-    """Until the file holds `count` whole lines (written by another thread: polled)."""
-    with anyio.fail_after(10):
-        while _lines_in(path) < count:  # noqa: ASYNC110  # the file, written by a thread
-            await anyio.sleep(0.001)
-
-
-def _texts(path: Path) -> list[str]:
-    """The first result of each batch in the file, in its order."""
-    _, batches, truncated, problem = read_recording(path)
-    assert problem is None and not truncated
-    return [b["results"][0]["content"] for b in batches]
-
-
 async def test_while_batches_keep_coming_the_loop_writes_what_has_waited(tmp_path: Path) -> None:
     """After each batch, every batch that returned `_GATHER` seconds before this one began is
     in the file: the loop writes the records gathered at the end of the batch in which the
@@ -68,7 +46,7 @@ async def test_while_batches_keep_coming_the_loop_writes_what_has_waited(tmp_pat
     path = tmp_path / "busy.jsonl"
     s = _session(path)
     await s.dispatch(_batch(0))  # opens the file: the writer thread's to do
-    await _until_lines(path, 2)
+    await until_lines(path, 2)
     writers: list[bool] = []
 
     def watched(fd: int, data: Any) -> int:
@@ -83,7 +61,7 @@ async def test_while_batches_keep_coming_the_loop_writes_what_has_waited(tmp_pat
             began = time.monotonic()
             await s.dispatch(_batch(n))
             returned.append(time.monotonic())
-            written = _lines_in(path) - 1
+            written = lines_in(path) - 1
             due = sum(1 for t in returned if t <= began - _GATHER)
             assert written >= due, (n, written, due)
     finally:
@@ -91,7 +69,7 @@ async def test_while_batches_keep_coming_the_loop_writes_what_has_waited(tmp_pat
     assert writers and all(writers)  # every write on the loop's thread
     assert len(writers) < 200  # many batches to a write
     s.close()
-    assert _texts(path) == [f"{n}/0" for n in range(400)]
+    assert first_results(path) == [f"{n}/0" for n in range(400)]
 
 
 async def test_once_batches_stop_the_writer_thread_writes_what_was_gathered(tmp_path: Path) -> None:
@@ -105,9 +83,9 @@ async def test_once_batches_stop_the_writer_thread_writes_what_was_gathered(tmp_
     for n in range(5, 12):
         await s.dispatch(_batch(n))
     stopped = time.monotonic()
-    await _until_lines(path, 13)
+    await until_lines(path, 13)
     assert time.monotonic() - stopped < _GATHER_LONGEST + 1.0  # a busy machine may be slow to run the thread
-    assert _texts(path) == [f"{n}/0" for n in range(12)]
+    assert first_results(path) == [f"{n}/0" for n in range(12)]
     s.close()
 
 
@@ -136,7 +114,7 @@ def test_a_process_killed_a_moment_after_its_batches_has_every_line(tmp_path: Pa
     script = _KILLED.format(root=str(ROOT), path=str(path), batches=batches, pause=_GATHER_LONGEST + 0.5)
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, timeout=60)
     assert done.returncode == -signal.SIGKILL, done.stderr
-    assert _texts(path) == [f"{b}/0" for b in range(batches)]
+    assert first_results(path) == [f"{b}/0" for b in range(batches)]
     report = anyio.run(replay, path, Dispatcher(fake_registry(Counter(), {})))
     assert report.ok and report.batches == batches
 
@@ -164,14 +142,14 @@ async def test_the_chain_holds_when_batches_that_wait_follow_gathered_ones(tmp_p
         expected.append(f"{n}/0")
     await s.dispatch([openai_call("asked-1", "asked", {"text": "asked"})])  # waits for its line
     expected.append("asked")
-    assert _texts(path) == expected  # in the file as it returned, after those gathered before it
+    assert first_results(path) == expected  # in the file as it returned, after those gathered before it
     for n in range(3, 6):
         await s.dispatch(_batch(n))
         expected.append(f"{n}/0")
     s.recorder.wait = True
     await s.dispatch(_batch(6))
     expected.append("6/0")
-    assert _texts(path) == expected
+    assert first_results(path) == expected
     s.close()
     lines = read_lines(path)
     assert [line["seq"] for line in lines] == list(range(len(expected) + 1))
@@ -185,7 +163,7 @@ async def test_a_file_replaced_while_records_wait_goes_on_in_the_new_file(tmp_pa
     path = tmp_path / "replaced.jsonl"
     s = _session(path)
     await s.dispatch(_batch(0))
-    await _until_lines(path, 2)
+    await until_lines(path, 2)
     await s.dispatch(_batch(1))  # gathered, not yet written
     (tmp_path / "other.jsonl").write_bytes(b"")
     os.replace(tmp_path / "other.jsonl", path)
@@ -195,7 +173,7 @@ async def test_a_file_replaced_while_records_wait_goes_on_in_the_new_file(tmp_pa
     s.close()
     lines = read_lines(path)
     assert lines[0]["type"] == "header" and [line["seq"] for line in lines] == list(range(len(lines)))
-    assert _texts(path) == [f"{n}/0" for n in range(1, 6)]
+    assert first_results(path) == [f"{n}/0" for n in range(1, 6)]
     report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
     assert report.ok and report.batches == 5
 

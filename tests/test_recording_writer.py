@@ -372,7 +372,10 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     try:
         yield folder
     finally:
-        subprocess.run(["umount", str(folder)], capture_output=True, timeout=10)
+        # lazily should a file on it still be open (a writer that a failed test left behind):
+        # a mount left in place would keep pytest from ever removing this folder
+        if subprocess.run(["umount", str(folder)], capture_output=True, timeout=10).returncode != 0:
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True, timeout=10)
 
 
 @pytest.mark.parametrize("wait", [True, False])
