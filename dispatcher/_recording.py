@@ -1173,7 +1173,10 @@ class Recorder:
         """The lines to write before the first record: the header for a new file; for a
         file that already holds a recording, none, and the chain goes on from its last line."""
         try:
-            data = self.path.read_bytes()
+            # a FIFO, a terminal or a socket (`/dev/stdout`, a shell's `>(...)`) is a stream
+            # that another reads: reading it would wait for a writer, this recorder, for
+            # ever, or take what is meant for its reader; a recording to it begins anew
+            data = self.path.read_bytes() if stat.S_ISREG(os.stat(self.path).st_mode) else b""
         except FileNotFoundError:
             data = b""
         last = data.rstrip(b"\n").rsplit(b"\n", 1)[-1]

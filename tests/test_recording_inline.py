@@ -147,13 +147,6 @@ def _reader(fifo: Path) -> Iterator[tuple[threading.Event, list[bytes]]]:
         reader.join(10)
 
 
-def _empty(fifo: Path) -> None:
-    """Let the writer thread read the FIFO `fifo` as an empty file: the recording begins
-    with a header."""
-    with open(fifo, "wb"):
-        pass
-
-
 def _big_batch(n: int) -> list[dict[str, Any]]:
     """A batch whose line is far larger than a pipe holds (64 KiB on Linux)."""
     return [openai_call(f"{n}-{i}", "echo", {"text": f"{n}:" + "x" * 100_000}) for i in range(4)]
@@ -177,8 +170,7 @@ async def test_a_fifo_is_written_by_the_writer_thread_so_a_reader_that_stops_nev
                 first.set()
 
             tg.start_soon(first_batch)
-            await anyio.sleep(0.1)  # the writer thread waits to read the FIFO
-            _empty(fifo)
+            await anyio.sleep(0.1)  # the writer thread waits for the FIFO's reader
             with _reader(fifo) as (go, got):
                 await first.wait()
                 await s.dispatch([call("1", "echo", text="second")])

@@ -54,13 +54,6 @@ def _reading(fifo: Path) -> Iterator[list[bytes]]:
         reader.join(10)
 
 
-def _unstall(fifo: Path) -> None:
-    """Let a writer stalled on `fifo` go on: its first step reads the file, so hand it an
-    empty one (the writer is the reader, so this open returns as soon as it gets there)."""
-    with open(fifo, "wb"):
-        pass
-
-
 def _writers_end(within: float) -> bool:
     """Whether every recording writer thread has ended within `within` seconds."""
     deadline = time.monotonic() + within
@@ -98,7 +91,6 @@ async def test_a_stalled_disk_holds_up_the_batch_but_never_the_loop(tmp_path: Pa
                 await anyio.sleep(0.005)
                 ticks += 1
             assert not returned.is_set()  # the batch is still waiting for its line
-            _unstall(fifo)
             with _reading(fifo) as got:
                 await returned.wait()
                 s.close()
@@ -123,7 +115,6 @@ async def test_a_batch_cancelled_while_its_line_stalls_returns_and_the_line_is_w
 
     def rescue() -> None:  # a wait that cannot be cancelled would hang the test: let the disk go
         rescued.set()
-        _unstall(fifo)
         with open(fifo, "rb") as f:
             got.append(f.read())
 
@@ -139,7 +130,6 @@ async def test_a_batch_cancelled_while_its_line_stalls_returns_and_the_line_is_w
         s.close()  # the rescue reads until the file is closed
         watchdog.join(10)
     else:
-        _unstall(fifo)
         with _reading(fifo) as read:
             s.close()
         got = read
@@ -163,7 +153,6 @@ async def test_a_batch_that_need_not_wait_returns_before_its_line_is_written(tmp
     for item in items:  # the caller reuses its dicts once the batch returned
         item["id"] = "changed"
         item["function"]["arguments"] = json.dumps({"text": "changed"})
-    _unstall(fifo)
     with _reading(fifo) as got:
         s.close()
     records = [read_line(line) for line in got[0].splitlines()]
@@ -196,7 +185,6 @@ async def test_batches_that_need_not_wait_wait_again_once_a_stalled_disk_holds_e
                 continue
             break  # this batch waited for the stalled disk
     assert returned == _MOST_QUEUED
-    _unstall(fifo)
     with _reading(fifo) as got:
         s.close()
     assert len(got[0].splitlines()) == 1 + returned + 1  # the header, every batch, the cancelled one
@@ -479,3 +467,46 @@ async def test_record_wait_false_hands_lines_over_and_a_session_store_waits_anyw
     )
     assert kept.recorder is not None and kept.recorder.wait is True
     kept.close()
+
+
+_TO_STDOUT = """
+import sys, trio
+sys.path.insert(0, {root!r})
+from dispatcher import Dispatcher
+from tests._fakes import Counter, fake_registry, openai_call
+
+async def main():
+    s = Dispatcher(fake_registry(Counter(), {{}})).session("piped", record="/dev/stdout")
+    for b in range(3):
+        await s.dispatch([openai_call(str(b), "echo", {{"text": str(b)}})])
+    s.close()
+
+trio.run(main)
+"""
+
+
+def test_a_recording_to_standard_output_piped_to_a_reader_streams_to_it(tmp_path: Path) -> None:
+    """`record="/dev/stdout"` with standard output a pipe (`... | reader`): the recording is
+    written to the pipe, header first, and never read from it (which waited for ever on the
+    process's own pipe, or took what was meant for its reader)."""
+    script = _TO_STDOUT.format(root=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["type"] for r in records] == ["header", "rows", "rows", "rows"]
+    assert [r["seq"] for r in records] == [0, 1, 2, 3]
+
+
+async def test_a_fifo_whose_reader_came_first_takes_the_recording(tmp_path: Path) -> None:
+    """A FIFO its reader opened before the session's first batch: the recording is written
+    to it, header first, and never read from it."""
+    fifo = _stalled(tmp_path)
+    with _reading(fifo) as got:
+        await anyio.sleep(0.05)  # the reader is at the FIFO first
+        s = Dispatcher(fake_registry(Counter(), {})).session("first", record=fifo)
+        with anyio.fail_after(10):
+            for n in range(3):
+                await s.dispatch([call(str(n), "echo", text=str(n))])
+        s.close()
+    records = [json.loads(line) for line in got[0].splitlines()]
+    assert records[0]["type"] == "header" and [r["seq"] for r in records] == [0, 1, 2, 3]
