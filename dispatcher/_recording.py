@@ -1021,13 +1021,35 @@ class Recorder:
         nothing to write (the next batch starts another). Daemonic, so a stalled disk never
         holds up the interpreter's exit; `close()` and the exit handler wait for what was
         handed over."""
+        burst: list[_Job] = []
+        try:
+            self._write_jobs_in(burst)
+        except BaseException as exc:
+            # a fault of this thread's own (not a write's, which stops the recording where it
+            # fails): nothing more is written, and every batch waiting for a line is told,
+            # rather than left waiting for a thread that is gone
+            with self._writer_lock:
+                self._writer, self._watching, self._unwritten = None, False, 0
+                while True:
+                    try:
+                        burst.append(self._jobs.get_nowait())
+                    except queue.Empty:
+                        break
+            self._stop(exc if isinstance(exc, Exception) else RuntimeError(f"its writer ended: {exc!r}"))
+            for job in burst:
+                with contextlib.suppress(Exception):
+                    job.wake()
+
+    def _write_jobs_in(self, burst: list[_Job]) -> None:
+        """`_write_jobs`, each burst taken into `burst` (what is there when it raises is
+        what it had not told)."""
         jobs = self._jobs
         look: float | None = None  # watching the records gathered: when to look at them next
         turn = self._turn
         while True:
             turn.waiting(math.inf if look is None else time.monotonic() + look)
             try:
-                burst = [jobs.get(timeout=_IDLE_SECONDS if look is None else look)]
+                burst.append(jobs.get(timeout=_IDLE_SECONDS if look is None else look))
             except queue.Empty:
                 turn.running()
                 if look is not None:
@@ -1047,6 +1069,7 @@ class Recorder:
             if look is None and any(job.poke for job in burst):
                 look = _GATHER
             self._write_burst(burst)
+            burst.clear()
             if look is None and not self.wait and jobs.empty():
                 # batches that do not wait come in while this thread sleeps, and are taken
                 # together: the loop does not wake it for every one

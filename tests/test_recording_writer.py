@@ -510,3 +510,26 @@ async def test_a_fifo_whose_reader_came_first_takes_the_recording(tmp_path: Path
         s.close()
     records = [json.loads(line) for line in got[0].splitlines()]
     assert records[0]["type"] == "header" and [r["seq"] for r in records] == [0, 1, 2, 3]
+
+
+async def test_a_writer_thread_that_fails_of_itself_stops_the_recording_and_leaves_nobody_waiting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A fault of the writer thread's own (a bug, not a write that fails): the batch waiting
+    for its line returns, the recording stops saying why, and the batches after it run and
+    return as a recording that stopped lets them."""
+    from dispatcher._recording import Recorder
+
+    def broken(self: Recorder, burst: Any) -> None:
+        raise RuntimeError("the writer's own fault")
+
+    monkeypatch.setattr(Recorder, "_write_burst", broken)
+    s = Dispatcher(fake_registry(Counter(), {})).session("broken", record=tmp_path / "b.jsonl")
+    assert s.recorder is not None
+    with anyio.fail_after(10):
+        [first] = await s.dispatch([call("1", "echo", text="a")])  # its line is the thread's to write
+        [second] = await s.dispatch([call("2", "echo", text="b")])
+    assert (first.content, second.content) == ("a", "b")
+    assert isinstance(s.recorder.problem, RuntimeError) and "own fault" in str(s.recorder.problem)
+    assert _writers_end(5)
+    s.close()
