@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import pytest
 
-from dispatcher import Allow, Dispatcher, Registry, Tool, replay
+from dispatcher import Allow, Dispatcher, Registry, Tool, _recording, replay
 from dispatcher._recording import _GATHER, _GATHER_LONGEST, read_recording
 
 from ._fakes import TEXT_SCHEMA, Counter, fake_registry, openai_call
@@ -38,7 +38,9 @@ def _batch(n: int, size: int = 1) -> list[dict[str, Any]]:
     return [openai_call(f"{n}-{i}", "echo", {"text": f"{n}/{i}"}) for i in range(size)]
 
 
-async def test_while_batches_keep_coming_the_loop_writes_what_has_waited(tmp_path: Path) -> None:
+async def test_while_batches_keep_coming_the_loop_writes_what_has_waited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """After each batch, every batch that returned `_GATHER` seconds before this one began is
     in the file: the loop writes the records gathered at the end of the batch in which the
     first of them has waited that long. Once the file is open, the writer thread writes
@@ -47,6 +49,11 @@ async def test_while_batches_keep_coming_the_loop_writes_what_has_waited(tmp_pat
     s = _session(path)
     await s.dispatch(_batch(0))  # opens the file: the writer thread's to do
     await until_lines(path, 2)
+    # the loop's part alone: on a busy machine, a pause of the loop's thread between two
+    # batches would let the writer thread take what was gathered (as it should: no batch
+    # ended), and a write held up past WRITE_STALL would send lines to it for a while
+    monkeypatch.setattr(_recording, "WRITE_STALL", 3600.0)
+    monkeypatch.setattr(_recording.Recorder, "_look_at_gathered", lambda self: _GATHER_LONGEST)
     writers: list[bool] = []
 
     def watched(fd: int, data: Any) -> int:
@@ -68,6 +75,7 @@ async def test_while_batches_keep_coming_the_loop_writes_what_has_waited(tmp_pat
         os.write = os_write
     assert writers and all(writers)  # every write on the loop's thread
     assert len(writers) < 200  # many batches to a write
+    monkeypatch.undo()
     s.close()
     assert first_results(path) == [f"{n}/0" for n in range(400)]
 
