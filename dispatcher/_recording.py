@@ -476,6 +476,25 @@ def _rows_record(
     }
 
 
+def _common_record(
+    run_id: int,
+    round: int,
+    calls: Sequence[Any],
+    plan: Plan,
+    results: Sequence[ToolResult | None],
+    control: BaseException | None,
+    all_loaded: bool,
+    rewritten: bool,
+) -> dict[str, Any] | None:
+    """The common batch's `rows` record (`_common_rows`), less `seq` and `prev`, or None
+    for any other batch. Its rows are encoded apart only when orjson takes the rest of the
+    record too (a run or round past 64 bits, from a snapshot say, would send it to json,
+    which cannot write a fragment)."""
+    apart = type(run_id) is type(round) is int and run_id in _ORJSON_INTS and round in _ORJSON_INTS
+    rows = _common_rows(calls, plan.calls, results, rewritten, apart)
+    return None if rows is None else _rows_record(run_id, round, all_loaded, rows, control)
+
+
 _ENCODED_FROM = 16  # calls in a batch from which `_common_rows` encodes its rows at once
 _ORJSON_INTS = range(-(2**63), 2**64)  # the integers orjson writes
 
@@ -770,12 +789,8 @@ class Recorder:
         for `WRITE_PAUSE`."""
         began = time.monotonic()
         with self._writer_lock:  # nothing else writes meanwhile, not even a drain at exit
-            fd = self._fd
-            try:
-                named = fd is not None and os.fstat(fd).st_nlink > 0  # a file renamed over it unlinks it
-            except OSError:
-                named = False
-            if fd is None or not named:
+            fd = self._named_now()
+            if fd is None:
                 return False
             if self._unwritten:
                 # `submit` found no job before this batch, but it asked without the lock: the
@@ -783,11 +798,7 @@ class Recorder:
                 # (`_look_at_gathered`), and writes them, unlocked; this batch goes after them
                 return False
             if self._gathered:  # gathered while `wait` was false: numbered before this batch
-                self._named_fd = fd
-                try:
-                    self._write_gathered()
-                finally:  # an interrupt included: a later `_open` must look at the file again
-                    self._named_fd = None
+                self._write_gathered(fd)
                 if self.problem is not None:
                     return True
             line = None
@@ -930,14 +941,12 @@ class Recorder:
         the first of them pokes. The batch returns at once, its record made: the caller may
         change its calls afterwards. False for any other batch, which goes to the writer
         thread as before (`_copied_calls`)."""
-        apart = type(run_id) is type(round) is int and run_id in _ORJSON_INTS and round in _ORJSON_INTS
         try:
-            rows = _common_rows(calls, plan.calls, results, rewritten, apart)
+            record = _common_record(run_id, round, calls, plan, results, control, all_loaded, rewritten)
         except Exception:  # what the writer thread would say, and does
             return False
-        if rows is None:
+        if record is None:
             return False
-        record = _rows_record(run_id, round, all_loaded, rows, control)
         # the writer thread, due to look at those gathered before (or poked by the last batch)
         # and not yet run, runs now: beside a loop that keeps the GIL it would wait long for it
         self._turn.take_if_due()
@@ -977,28 +986,29 @@ class Recorder:
         """Under `_writer_lock`, on the loop's thread: the records gathered written, unless
         the file was removed or replaced since (a new one is opened: the writer thread's to
         do); a write that takes over `WRITE_STALL` sends lines to the thread for `WRITE_PAUSE`."""
-        fd = self._fd
-        try:
-            named = fd is not None and os.fstat(fd).st_nlink > 0  # a file renamed over it unlinks it
-        except OSError:
-            named = False
-        if not named:
+        fd = self._named_now()
+        if fd is None:
             try:
                 self._hand_gathered()
             except Exception as exc:  # no thread to be had
                 self._stop(exc)
             return
         began = time.monotonic()
-        self._named_fd = fd
-        try:
-            self._write_gathered()
-        finally:  # an interrupt included: a later `_open` must look at the file again
-            self._named_fd = None
+        self._write_gathered(fd)
         self._stalled_since(began)
 
-    def _write_gathered(self) -> None:
-        """Under `_writer_lock`, on the loop's thread, the file open and named: the records
-        gathered numbered, encoded and written. An interrupt that lands meanwhile (a
+    def _named_now(self) -> int | None:
+        """The file's descriptor, if it is open and still named (one `fstat`: a file renamed
+        over it unlinks it), else None."""
+        fd = self._fd
+        try:
+            return fd if fd is not None and os.fstat(fd).st_nlink > 0 else None
+        except OSError:
+            return None
+
+    def _write_gathered(self, fd: int) -> None:
+        """Under `_writer_lock`, on the loop's thread, `fd` the file, open and just seen still
+        named: the records gathered numbered, encoded and written. An interrupt that lands meanwhile (a
         KeyboardInterrupt, raised on the loop's thread wherever its handler runs: while
         the records are encoded, say) leaves them gathered if none was written, for the
         next batch, `flush()` or `close()` to write: `_write` numbers the chain on just
@@ -1008,12 +1018,15 @@ class Recorder:
         if not gathered:
             return
         seq = self._seq
+        self._named_fd = fd  # `_open` need not look again
         try:
             self._append_all(gathered)
         except BaseException:
             if self._seq == seq and self.problem is None:
                 self._gathered = gathered + self._gathered
             raise
+        finally:  # an interrupt included: a later `_open` must look at the file again
+            self._named_fd = None
 
     def _write_jobs(self) -> None:
         """The writer thread: build, encode, hash and write the batches handed over, in
@@ -1348,13 +1361,9 @@ class Recorder:
         which holds no float for `encode_line` to look for but its results' times; a file
         of format 2 gone on with gets the batch record it stands for: see `_append_all`)."""
         if not decisions:
-            # its rows encoded apart only when orjson takes the rest of the record too (a
-            # run or round past 64 bits, from a snapshot say, would send it to json, which
-            # cannot write a fragment)
-            apart = type(run_id) is type(round) is int and run_id in _ORJSON_INTS and round in _ORJSON_INTS
-            common = _common_rows(calls, plan.calls, results, rewritten, apart)
+            common = _common_record(run_id, round, calls, plan, results, control, all_loaded, rewritten)
             if common is not None:
-                return _rows_record(run_id, round, all_loaded, common, control), True
+                return common, True
         secrets: set[str] = set()  # filled by the redaction of calls, decisions and keys
         # the common batch holds no credential anywhere: one scan says so for every call
         texts = [_openai_arguments(c) for c in calls]
