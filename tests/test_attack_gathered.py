@@ -88,6 +88,33 @@ async def test_a_batch_that_writes_here_as_the_thread_takes_the_records_keeps_th
     assert report.ok and report.batches == 3
 
 
+def _interrupting_once(original: Any) -> Any:
+    """`original`, raising KeyboardInterrupt instead the first time the loop's thread calls it."""
+    armed = [True]
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        if armed[0] and threading.current_thread() is threading.main_thread():
+            armed[0] = False
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    return interrupted
+
+
+async def _dispatch_until_interrupted(s: Any, returned: list[str]) -> int:
+    """Batches 1, 2, ... on end, until one raises KeyboardInterrupt (the loop writes those
+    gathered meanwhile); each that returned adds its text to `returned`. The number of the
+    interrupted one, whose tools ran."""
+    n = 1
+    with pytest.raises(KeyboardInterrupt):
+        with anyio.fail_after(10):
+            while True:
+                await s.dispatch(_batch(n))
+                returned.append(f"{n}/0")
+                n += 1
+    return n
+
+
 async def test_an_interrupt_while_the_loop_writes_the_records_gathered_loses_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -101,24 +128,9 @@ async def test_an_interrupt_while_the_loop_writes_the_records_gathered_loses_non
     await until_lines(path, 2)
     from dispatcher import _recording
 
-    original = _recording.encode_line
-    armed = [True]
-
-    def interrupted(record: Any, *, finite: bool = False) -> bytes:
-        if armed[0] and threading.current_thread() is threading.main_thread():
-            armed[0] = False
-            raise KeyboardInterrupt
-        return original(record, finite=finite)
-
-    monkeypatch.setattr(_recording, "encode_line", interrupted)
+    monkeypatch.setattr(_recording, "encode_line", _interrupting_once(_recording.encode_line))
     returned = ["0/0"]
-    n = 1
-    with pytest.raises(KeyboardInterrupt):
-        with anyio.fail_after(10):
-            while True:  # batches on end, until the loop writes those gathered
-                await s.dispatch(_batch(n))
-                returned.append(f"{n}/0")
-                n += 1
+    n = await _dispatch_until_interrupted(s, returned)
     monkeypatch.undo()
     s.close()
     got = first_results(path)
@@ -137,24 +149,10 @@ async def test_a_file_replaced_after_an_interrupt_on_the_loop_is_noticed(
     s = _session(path)
     await s.dispatch(_batch(0))
     await until_lines(path, 2)
-    original = Recorder._open
-    armed = [True]
-
-    def interrupted(self: Recorder) -> Any:
-        if armed[0] and threading.current_thread() is threading.main_thread():
-            armed[0] = False
-            raise KeyboardInterrupt  # as it would at `_open`'s first instruction
-        return original(self)
-
-    monkeypatch.setattr(Recorder, "_open", interrupted)
-    returned = []
-    n = 1
-    with pytest.raises(KeyboardInterrupt):
-        with anyio.fail_after(10):
-            while True:
-                await s.dispatch(_batch(n))
-                returned.append(f"{n}/0")
-                n += 1
+    # as it would at `_open`'s first instruction
+    monkeypatch.setattr(Recorder, "_open", _interrupting_once(Recorder._open))
+    returned: list[str] = []
+    n = await _dispatch_until_interrupted(s, returned)
     monkeypatch.undo()
     (tmp_path / "other.jsonl").write_bytes(b"")
     os.replace(tmp_path / "other.jsonl", path)
