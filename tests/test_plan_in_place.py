@@ -809,14 +809,14 @@ def test_in_place_and_general_dispatch_the_same(case: dict[str, Any]) -> None:
     assert ran == trio.run(functools.partial(_run, case, in_place=False))
 
 
-def test_cache_entry_served_the_same_either_way() -> None:
+def test_cache_entry_served_the_same_either_way(monkeypatch: pytest.MonkeyPatch) -> None:
     """A cached tool's hit is no business of the in-place path, which leaves it alone."""
     hits = Hits()
     key = call_key("fetch_page", canonical_json({"url": "u"}))
     hits.entries[key] = CacheEntry("hit", frozenset())
     outcomes = []
     for flag in (True, False):
-        _plan._IN_PLACE = flag
+        monkeypatch.setattr(_plan, "_IN_PLACE", flag)  # restored after: later tests plan in place
         planner = make_planner(_REGISTRY, cache=hits)
         drafts = planner.parse(
             [
