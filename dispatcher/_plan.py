@@ -379,6 +379,10 @@ class Plan:
     arrived_keys: Mapping[int, str] = attrs.field(factory=dict)
     """The calls an Allow(args) re-keyed: the key they arrived with, under which a resume of
     the batch will look them up."""
+    received: Sequence[tuple[str, str, str] | None] | None = attrs.field(default=None, eq=False)
+    """When the planner was asked to keep them (`Planner.received`, for a recording): per
+    call, the id, name and arguments text of an item `parse` read in place (the OpenAI chat
+    shape, each of the three text), as they were when read; None for any other item."""
 
 
 _OK = Status.ok
@@ -504,6 +508,8 @@ class Planner:
         self._writes_moved = False
         self._looked_up: dict[str, RegisteredTool | None] = {}
         self._asks = not _IN_PLACE  # whether a call was found to need the gate (`gated`)
+        # set to [] by a session that records: `parse` keeps there what it read in place
+        self.received: list[tuple[str, str, str] | None] | None = None
 
     # -- palette ---------------------------------------------------------------
 
@@ -531,6 +537,7 @@ class Planner:
         drafts: list[Draft] = []
         append = drafts.append
         limit = _RAW_SLACK * self._max_args if _IN_PLACE else -1
+        received = self.received
         for index, item in enumerate(items):
             # The common item, an OpenAI chat call whose arguments are one JSON object and
             # whose id and name are text, is read here in place, as `_parse_one` reads it:
@@ -540,27 +547,37 @@ class Planner:
                 type(fn) is dict
                 and type(raw := fn.get("arguments")) is str
                 and (size := len(raw)) <= limit
-                and type(call_id := item.get("id", "")) is str
-                and type(name := fn.get("name", "")) is str
+                and type(call_id := item.get("id")) is str  # an item without one: `_parse_one`
+                and type(name := fn.get("name")) is str
             ):
                 try:
                     args, end = _scan_floatless(raw, 0)
                 except (StopIteration, ValueError, RecursionError, _HoldsFloat):
                     end = -1
                 if end == size and type(args) is dict:
-                    name = name.strip()
+                    planned = name.strip()
                     d = _filled(
-                        _new_draft(Draft), index, call_id, _clean_name(name) if "<|" in name else name, args
+                        _new_draft(Draft),
+                        index,
+                        call_id,
+                        _clean_name(planned) if "<|" in planned else planned,
+                        args,
                     )
                     d.from_json = True
                     if d.name == RUN_TOOL:
                         self._unwrap_run_tool(d, args)
                     else:
                         d.floatless = True
+                    if received is not None:
+                        received.append((call_id, name, raw))
                 else:
                     d = self._parse_one(index, item)
+                    if received is not None:
+                        received.append(None)
             else:
                 d = self._parse_one(index, item)
+                if received is not None:
+                    received.append(None)
             append(d)
         if len(drafts) > 1 and len(set(map(_CALL_ID, drafts))) < len(drafts):
             seen: set[str] = set()
@@ -1217,7 +1234,7 @@ class Planner:
             else {}
         )
         groups = group_calls(calls) if together is None else (tuple(together),) if together else ()
-        return _plan(tuple(calls), groups, frozenset(self._carried), rekeyed)
+        return _plan(tuple(calls), groups, frozenset(self._carried), rekeyed, self.received)
 
 
 def group_calls(calls: Sequence[PlannedCall]) -> tuple[tuple[int, ...], ...]:

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -69,7 +70,7 @@ import stat
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -377,6 +378,7 @@ def _common_rows(
     results: Sequence[ToolResult | None],
     rewritten: bool = True,
     apart: bool = True,
+    received: Sequence[tuple[str, str, str] | None] | None = None,
 ) -> list[Any] | orjson.Fragment | None:
     """The rows of the common batch's `rows` record (`_batch_of_rows`), which holds nothing to
     redact: every call the OpenAI chat shape with an id, a name and JSON text, planned and
@@ -388,30 +390,42 @@ def _common_rows(
     pass 1's scanned too: otherwise they hold no text the calls' own does not
     (unescaped: text with an escape is scanned further anyway). From `_ENCODED_FROM`
     calls, unless not `apart`, the rows are encoded as soon as they are made (`_encoded`),
-    so that they are not all alive in the line's record as well."""
+    so that they are not all alive in the line's record as well. `received` (`Plan.received`):
+    per call, its id, name and arguments text as pass 1 read them in place, each known to
+    be text, or None; a call of those is not read and checked again (the row holds what was
+    planned, should the caller have changed the item since)."""
     if not len(calls) == len(planned) == len(results):
         return None
+    reads: Iterable[tuple[str, str, str] | None] = (
+        itertools.repeat(None) if received is None or len(received) != len(calls) else received
+    )
     tools: set[int] | None = None  # asked about their defaults
     rows: list[Any] = []
     append = rows.append
-    for item, p, r in zip(calls, planned, results, strict=False):  # as long as each other: see above
-        try:
-            fn = item["function"]
-            call_id, name, raw = item["id"], fn["name"], fn["arguments"]
-        except (KeyError, TypeError):  # not the OpenAI shape
-            return None
+    # as long as each other: see above
+    for item, p, r, read in zip(calls, planned, results, reads, strict=False):
         _, _, planned_name, _, tool, outcome, leader, key, _, _, _, _, _, sent = p
-        if (
-            type(item) is not dict
-            or type(fn) is not dict
-            or type(raw) is not str
-            or not raw
-            or sent is None
-            or type(call_id) is not str
-            or type(name) is not str
-            or type(planned_name) is not str
-        ):
-            return None
+        if read is not None:  # read in place by pass 1 (an object, so never empty text)
+            call_id, name, raw = read
+            if sent is None or type(planned_name) is not str:
+                return None
+        else:
+            try:
+                fn = item["function"]
+                call_id, name, raw = item["id"], fn["name"], fn["arguments"]
+            except (KeyError, TypeError):  # not the OpenAI shape
+                return None
+            if (
+                type(item) is not dict
+                or type(fn) is not dict
+                or type(raw) is not str
+                or not raw
+                or sent is None
+                or type(call_id) is not str
+                or type(name) is not str
+                or type(planned_name) is not str
+            ):
+                return None
         how = ("unfinished" if r is None else "ran") if leader is None and outcome is None else _how(p, r)
         row: list[Any]
         if r is None:
@@ -491,7 +505,7 @@ def _common_record(
     record too (a run or round past 64 bits, from a snapshot say, would send it to json,
     which cannot write a fragment)."""
     apart = type(run_id) is type(round) is int and run_id in _ORJSON_INTS and round in _ORJSON_INTS
-    rows = _common_rows(calls, plan.calls, results, rewritten, apart)
+    rows = _common_rows(calls, plan.calls, results, rewritten, apart, plan.received)
     return None if rows is None else _rows_record(run_id, round, all_loaded, rows, control)
 
 
@@ -851,7 +865,7 @@ class Recorder:
         encoded in one go; None for any other batch (and for one whose record orjson
         cannot write), which `record_batch` takes."""
         try:
-            rows = _common_rows(calls, plan.calls, results, rewritten, apart=False)
+            rows = _common_rows(calls, plan.calls, results, rewritten, False, plan.received)
             if rows is None:
                 return None
             assert self._seq is not None

@@ -377,6 +377,8 @@ class Session:
             max_argument_bytes=d.max_argument_bytes,
             max_output_bytes=d.max_output_bytes,
         )
+        if self.recorder is not None:
+            planner.received = []  # what parse reads in place, which the recording need not read again
         drafts = planner.parse(calls)
         rewritten = bool(d.rewriters)  # the arguments as sent may then hold more than the calls' text
         if rewritten:

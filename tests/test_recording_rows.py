@@ -381,3 +381,62 @@ async def test_every_rows_line_a_session_writes_is_checked_as_it_is_taken_apart(
     for line in rows_lines:
         batch, formed = _taken_apart(json.loads(line))
         assert formed and _well_formed(batch, True)
+
+
+# --- the calls as pass 1 read them ---------------------------------------------------------------
+
+
+async def test_a_rows_line_holds_each_call_as_pass_1_read_it_though_the_caller_changes_it_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """A caller (here a tool of the batch) that changes the call items while the batch runs,
+    into values no rows line may hold (an id that is a number, arguments that are no text),
+    changes nothing recorded: each row holds the id, name and arguments text that pass 1
+    read and ran, and the recording replays."""
+    calls = [openai_call("1", "echo", '{"text": "a"}'), openai_call("2", "meddle", {})]
+
+    async def meddle(args: Any, ctx: Any) -> str:
+        for item in calls:
+            item["id"] = 7
+            item["function"]["name"] = ["echo"]
+            item["function"]["arguments"] = {"text": "changed"}
+        return "meddled"
+
+    def registry() -> Registry:
+        r = fake_registry(Counter())
+        r.add(Tool("meddle", "Changes the batch's items.", meddle, {"type": "object"}, deferred=False))
+        return r
+
+    path = tmp_path / "meddled.jsonl"
+    s = Dispatcher(registry()).session("meddled", record=path)
+    results = await s.dispatch(calls)
+    s.close()
+    assert [r.call_id for r in results] == ["1", "2"] and calls[0]["id"] == 7
+    line = _lines(path.read_bytes())[1]
+    assert json.loads(line)["type"] == "rows"
+    rows = json.loads(line)["rows"]
+    assert [row[:3] for row in rows] == [["1", "echo", '{"text": "a"}'], ["2", "meddle", "{}"]]
+    report = await replay(path, Dispatcher(registry()))
+    assert report.ok and report.batches == 1 and report.calls == 2, report
+
+
+def test_pass_1_keeps_what_it_read_in_place_only_when_asked_and_only_of_the_items_it_so_read() -> None:
+    """`Planner.received`: left None, the plan keeps nothing; set to a list (a session that
+    records), the plan keeps per call the id, name and text of an OpenAI chat item read in
+    place, exactly as given (the name unstripped), and None for every other item: another
+    shape, arguments with a float, or an item without an id (read as before, under "")."""
+    from .test_plan import make_planner, run_pass1
+
+    items = [
+        openai_call("1", " echo ", '{"text": "a"}'),
+        ToolCall("2", "echo", {"text": "b"}),
+        openai_call("3", "echo", '{"text": "c", "n": 1.5}'),
+        {"type": "function", "function": {"name": "echo", "arguments": '{"text": "d"}'}},
+    ]
+    assert run_pass1(make_planner(), items).received is None
+    planner = make_planner()
+    planner.received = []
+    plan = run_pass1(planner, items)
+    assert plan.received == [("1", " echo ", '{"text": "a"}'), None, None, None]
+    assert [p.call_id for p in plan.calls] == ["1", "2", "3", ""]
+    assert plan == run_pass1(make_planner(), items)  # what is kept is no part of the plan's equality
