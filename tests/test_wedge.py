@@ -437,7 +437,9 @@ async def test_the_block_watch_runs_when_due_beside_a_loop_that_makes_brief_syst
     finally:
         os.close(fd)
     assert len(lags) >= 10, lags  # every period of 20 ms, not now and then
-    assert statistics.median(lags) < 0.003, sorted(lags)
+    # left to race, it waits 100 ms and more; 10 ms leaves room for the system's own
+    # scheduling of a thread on a machine the suite's workers keep busy
+    assert statistics.median(lags) < 0.01, sorted(lags)
 
 
 async def test_the_block_watch_rests_once_the_batches_end_on_a_loop_that_never_yields() -> None:
