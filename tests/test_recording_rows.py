@@ -12,11 +12,14 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dispatcher import Dispatcher, DispatchInterrupted, Registry, Status, Tool, ToolCall, ToolResult, replay
 from dispatcher._recording import (
     FORMAT_VERSION,
     Recorder,
+    _common_rows,
     _taken_apart,
     _well_formed,
     encode_line,
@@ -27,6 +30,7 @@ from dispatcher._recording import (
 from ._fakes import Counter, fake_registry, openai_call
 from ._recorded import assert_reads_as, assert_same, kinds, part_by_part, read_line, read_lines
 from ._recorded import submitted as _submitted
+from .test_plan import make_planner, run_pass1
 from .test_replay_stream import _edits, _read_by_stream, _read_whole, _replay_both
 
 SECRET = "sk-live-0123456789abcdef"  # sends its batch to the part-by-part builder
@@ -425,8 +429,6 @@ def test_pass_1_keeps_what_it_read_in_place_only_when_asked_and_only_of_the_item
     records), the plan keeps per call the id, name and text of an OpenAI chat item read in
     place, exactly as given (the name unstripped), and None for every other item: another
     shape, arguments with a float, or an item without an id (read as before, under "")."""
-    from .test_plan import make_planner, run_pass1
-
     items = [
         openai_call("1", " echo ", '{"text": "a"}'),
         ToolCall("2", "echo", {"text": "b"}),
@@ -440,3 +442,51 @@ def test_pass_1_keeps_what_it_read_in_place_only_when_asked_and_only_of_the_item
     assert plan.received == [("1", " echo ", '{"text": "a"}'), None, None, None]
     assert [p.call_id for p in plan.calls] == ["1", "2", "3", ""]
     assert plan == run_pass1(make_planner(), items)  # what is kept is no part of the plan's equality
+
+
+# text with no escape in its JSON (one with an escape is scanned further, and goes part by part)
+_WORDS = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FFF, blacklist_characters='"\\'))
+_ECHO_TEXT = _WORDS.map(lambda text: json.dumps({"text": text}, ensure_ascii=False))
+_RUNS = st.one_of(  # (name, arguments text) of a call that runs
+    st.tuples(st.sampled_from(["echo", " echo", "echo\n", "ec<|x|>ho", "\techo "]), _ECHO_TEXT),
+    st.tuples(
+        st.just("echo"), _WORDS.map(lambda text: json.dumps({"text": text}, indent=1, ensure_ascii=False))
+    ),
+    st.tuples(
+        st.just("run_tool"),
+        _WORDS.map(lambda t: json.dumps({"name": "echo", "args": {"text": t}}, ensure_ascii=False)),
+    ),
+)
+_FAILS = st.tuples(
+    st.sampled_from(["echo", "nope", ""]), st.sampled_from(['{"text": 1.5}', "[]", "{", "", "{} "])
+)
+_ITEMS = st.one_of(
+    st.lists(st.builds(lambda i, c: openai_call(str(i), *c), st.integers(0, 20), _RUNS), max_size=4),
+    st.lists(  # now and then a call that fails, or an item without an id
+        st.one_of(
+            st.builds(lambda i, c: openai_call(str(i), *c), st.integers(0, 20), _RUNS | _FAILS),
+            st.builds(lambda c: {"type": "function", "function": {"name": c[0], "arguments": c[1]}}, _RUNS),
+        ),
+        max_size=4,
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(items=_ITEMS)
+def test_rows_taken_from_what_pass_1_read_are_the_rows_read_from_the_items(
+    items: list[dict[str, Any]],
+) -> None:
+    """For any batch of chat items (names with spaces or markers, run_tool, floats, text
+    that is no object, ids repeated or missing), the rows built from `Plan.received` are
+    those built by reading and checking each item, or both builders decline the batch."""
+    planner = make_planner()
+    planner.received = []
+    plan = run_pass1(planner, items)
+    results = [
+        p.outcome or ToolResult(p.call_id, p.name, Status.ok, f"ran {p.name}", started=1.0, duration=0.5)
+        for p in plan.calls
+    ]
+    kept = _common_rows(items, plan.calls, results, False, False, plan.received)
+    read = _common_rows(items, plan.calls, results, False, False)
+    assert kept == read
