@@ -30,7 +30,7 @@ from ._exceptions import DispatchInterrupted, HookBlocked, SessionBusy
 from ._execute import BeforeWrite, Executor, ToolRunner, _maybe_await
 from ._history import DEFAULT_HISTORY_LIMIT, History
 from ._messages import tool_calls_of
-from ._plan import STOPPED_KEY, Draft, FinishedCall, Plan, PlannedCall, Planner, PlannerState
+from ._plan import STOPPED_KEY, Draft, FinishedCall, Plan, PlannedCall, Planner, PlannerState, new_planner
 from ._providers import core_names, request_tools, tool_index, tool_messages
 from ._registry import Tool
 from ._results import describe, failure_result, shown
@@ -365,20 +365,20 @@ class Session:
         self._round += 1
         self._rounds_total += 1
         store = d.cache
-        planner = Planner(
-            registry=d.registry,
-            core=d.core_registry,
-            state=self._planner_state,
-            has_cache=store is not None,
-            session_id=self.id,
-            decisions=decisions,
-            mode=self.mode,
-            all_loaded=all_loaded,
-            max_argument_bytes=d.max_argument_bytes,
-            max_output_bytes=d.max_output_bytes,
+        planner = new_planner(
+            d.registry,
+            d.core_registry,
+            self._planner_state,
+            store is not None,
+            self.id,
+            decisions,
+            self.mode,
+            all_loaded,
+            d.max_argument_bytes,
+            d.max_output_bytes,
+            # for a recording: what parse reads in place, which its rows need not read again
+            None if self.recorder is None else [],
         )
-        if self.recorder is not None:
-            planner.received = []  # what parse reads in place, which the recording need not read again
         drafts = planner.parse(calls)
         rewritten = bool(d.rewriters)  # the arguments as sent may then hold more than the calls' text
         if rewritten:
