@@ -33,8 +33,13 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return read_lines(path)
 
 
-def _writers() -> int:
-    return sum(t.name == "threepass-recording" for t in threading.enumerate())
+def _writers(besides: frozenset[threading.Thread] = frozenset()) -> int:
+    """Recording writer threads alive, not counting `besides` (those of earlier tests)."""
+    return sum(t.name == "threepass-recording" and t not in besides for t in threading.enumerate())
+
+
+def _writers_now() -> frozenset[threading.Thread]:
+    return frozenset(t for t in threading.enumerate() if t.name == "threepass-recording")
 
 
 @contextlib.contextmanager
@@ -54,12 +59,13 @@ def _reading(fifo: Path) -> Iterator[list[bytes]]:
         reader.join(10)
 
 
-def _writers_end(within: float) -> bool:
-    """Whether every recording writer thread has ended within `within` seconds."""
+def _writers_end(within: float, besides: frozenset[threading.Thread] = frozenset()) -> bool:
+    """Whether every recording writer thread but `besides` has ended within `within` seconds
+    (a test before, in the same process, may have left one waiting on a FIFO for good)."""
     deadline = time.monotonic() + within
-    while _writers() and time.monotonic() < deadline:
+    while _writers(besides) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return _writers() == 0
+    return _writers(besides) == 0
 
 
 def _stalled(tmp_path: Path) -> Path:
@@ -220,6 +226,7 @@ async def test_many_sessions_record_at_once_and_every_recording_replays(tmp_path
     """Twenty sessions on one loop, half waiting for their lines and half not, each batch of
     them interleaved: every file holds its own batches, in order, and replays clean; the
     writer threads end once the sessions are idle."""
+    before = _writers_now()
     d = Dispatcher(fake_registry(Counter(), {}))
     sessions = [d.session(f"s{n}", record=tmp_path / f"s{n}.jsonl") for n in range(20)]
     for n, s in enumerate(sessions):
@@ -245,7 +252,7 @@ async def test_many_sessions_record_at_once_and_every_recording_replays(tmp_path
         assert kinds(path) == ["header"] + ["rows"] * 15
         report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
         assert report.ok and report.calls == 45, (n, report.problem, report.divergence)
-    assert _writers_end(within=5)
+    assert _writers_end(within=5, besides=before)
 
 
 # --- crashes, exits, forks ----------------------------------------------------------------
@@ -518,6 +525,7 @@ async def test_a_writer_thread_that_fails_of_itself_stops_the_recording_and_leav
     """A fault of the writer thread's own (a bug, not a write that fails): the batch waiting
     for its line returns, the recording stops saying why, and the batches after it run and
     return as a recording that stopped lets them."""
+    before = _writers_now()
     from dispatcher._recording import Recorder
 
     def broken(self: Recorder, burst: Any) -> None:
@@ -531,5 +539,5 @@ async def test_a_writer_thread_that_fails_of_itself_stops_the_recording_and_leav
         [second] = await s.dispatch([call("2", "echo", text="b")])
     assert (first.content, second.content) == ("a", "b")
     assert isinstance(s.recorder.problem, RuntimeError) and "own fault" in str(s.recorder.problem)
-    assert _writers_end(5)
+    assert _writers_end(5, besides=before)
     s.close()
