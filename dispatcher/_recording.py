@@ -575,6 +575,8 @@ _CLOSE_WAIT = 5.0  # how long `close()` (and the interpreter's exit) waits for a
 _LINGER = 0.002  # with `wait=False`, how long a writer gathers lines before it writes them
 _GATHER = 0.002  # with `wait=False`, how long records gathered on the loop wait to be written
 _GATHERED_MOST = 256  # ... or how many of them
+_WRITTEN_AT_ONCE = 64  # calls in a batch whose record is written as it ends, where the loop can:
+# one `write` a batch costs little beside that many calls, a thread woken to watch costs more
 _GATHER_LONGEST = 0.02  # how often the writer thread looks at them while batches keep coming
 _MOST_QUEUED = 1000  # with `wait=False`, lines waiting to be written before batches wait again
 WRITE_STALL = 0.1
@@ -950,9 +952,10 @@ class Recorder:
         """With `wait` false: the common batch's record (`_common_rows`) made here, on the
         loop's thread, and gathered with those before it, to be numbered, encoded and
         written together with one `write`: on the loop, at the end of the batch in which the
-        first of them has waited `_GATHER` seconds (once the file is open, a regular file,
-        and the writer thread has nothing left to do), or else by the writer thread, which
-        the first of them pokes. The batch returns at once, its record made: the caller may
+        first of them has waited `_GATHER` seconds, or of a batch of `_WRITTEN_AT_ONCE`
+        calls or more (once the file is open, a regular file, and the writer thread has
+        nothing left to do), or else by the writer thread, which the first of them left
+        gathered pokes. The batch returns at once, its record made: the caller may
         change its calls afterwards. False for any other batch, which goes to the writer
         thread as before (`_copied_calls`)."""
         try:
@@ -969,14 +972,15 @@ class Recorder:
             gathered = self._gathered
             gathered.append((record, True))
             self._last_gathered = now
-            if len(gathered) > 1:
-                if (
-                    now - self._gathered_since >= _GATHER or len(gathered) >= _GATHERED_MOST
-                ) and self._loop_writes(now):
-                    self._write_gathered_here()
-            else:
+            if len(gathered) == 1:
                 self._gathered_since = now
-            if not self._watching:
+            if (
+                len(calls) >= _WRITTEN_AT_ONCE
+                or (len(gathered) > 1 and now - self._gathered_since >= _GATHER)
+                or len(gathered) >= _GATHERED_MOST
+            ) and self._loop_writes(now):
+                self._write_gathered_here()
+            if self._gathered and not self._watching:  # none left (written): nothing to watch
                 try:  # the thread writes them should no batch end meanwhile
                     self._jobs.put(_Job(None, _nobody, poke=True))
                     self._start_writer()
