@@ -97,6 +97,36 @@ async def test_once_batches_stop_the_writer_thread_writes_what_was_gathered(tmp_
     s.close()
 
 
+async def test_a_large_batch_is_in_the_file_as_it_returns_and_wakes_no_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of `_WRITTEN_AT_ONCE` calls or more, once the file is open, is written as it
+    ends, with any small ones gathered before it: its line is in the file when it returns,
+    and the writer thread is not poked to watch for it (it would wake beside the loop)."""
+    path = tmp_path / "large.jsonl"
+    s = _session(path)
+    recorder = s.recorder
+    large = _recording._WRITTEN_AT_ONCE
+    await s.dispatch(_batch(0))  # the thread opens the file
+    assert recorder.flush(5)
+    with anyio.fail_after(5):
+        while recorder._watching:  # noqa: ASYNC110  # the thread's own state: polled
+            await anyio.sleep(0.005)  # nothing gathered for a while: it stops watching
+    await s.dispatch(_batch(1, size=large))
+    assert lines_in(path) == 3 and not recorder._watching  # written, and nobody poked
+    monkeypatch.setattr(_recording, "_GATHER", 10.0)  # the thread does not take it meanwhile
+    await s.dispatch(_batch(2))
+    assert lines_in(path) == 3 and recorder._watching  # a small one is gathered, and pokes
+    await s.dispatch(_batch(3, size=large))
+    assert lines_in(path) == 5  # written with the one gathered before it
+    await s.dispatch(_batch(4, size=large - 1))
+    assert lines_in(path) == 5  # a smaller one is gathered
+    assert recorder.flush(5) and first_results(path) == ["0/0", "1/0", "2/0", "3/0", "4/0"]
+    s.close()
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.batches == 5, report
+
+
 _KILLED = """
 import os, signal, sys, time, trio
 sys.path.insert(0, {root!r})
