@@ -13,7 +13,8 @@ one `write`, so a crash can at worst leave a truncated last line; replay reports
 replays the rest. A batch returns once its line is in the file. With `Recorder.wait` false
 it returns once its record is made: the records of the batches that follow are gathered
 with it and written with one `write`, on the loop at the end of the batch in which the
-first has waited `_GATHER` seconds, or by the writer thread once batches stop coming (it
+first has waited `_GATHER` seconds or of a large one (`_WRITTEN_AT_ONCE` calls), or by
+the writer thread once batches stop coming (it
 looks every `_GATHER_LONGEST` seconds at most), so a crash loses at most the records of
 the last few milliseconds. Once the file is open, and is a regular file, a batch's
 line is built, encoded and written on the event loop's thread: a `write` to an open file
