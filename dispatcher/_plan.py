@@ -477,8 +477,8 @@ def _cached_result(
 
 
 class Planner:
-    """Pass 1 for one batch. Construct, then call the steps in order (the session does;
-    it makes one with `new_planner`, which costs less than a class call)."""
+    """Pass 1 for one batch. Made by `new_planner` (one a batch: a function call costs less
+    than a class call), then its steps are called in order (the session does)."""
 
     _registry: Registry
     _core: Registry
@@ -497,35 +497,6 @@ class Planner:
     _asks: bool  # whether a call was found to need the gate (`gated`)
     # [] for a session that records: `parse` keeps there what it read in place
     received: list[tuple[str, str, str] | None] | None
-
-    def __init__(
-        self,
-        *,
-        registry: Registry,
-        core: Registry,
-        state: PlannerState,
-        has_cache: bool,
-        session_id: str,
-        decisions: Mapping[str, Any] | None = None,
-        mode: str,
-        all_loaded: bool,
-        max_argument_bytes: int,
-        max_output_bytes: int,
-    ) -> None:
-        _planner_filled(
-            self,
-            registry,
-            core,
-            state,
-            has_cache,
-            session_id,
-            decisions,
-            mode,
-            all_loaded,
-            max_argument_bytes,
-            max_output_bytes,
-            None,
-        )
 
     # -- palette ---------------------------------------------------------------
 
@@ -1253,21 +1224,23 @@ class Planner:
         return _plan(tuple(calls), groups, frozenset(self._carried), rekeyed, self.received)
 
 
-def _planner_filled(
-    planner: Planner,
+def new_planner(
     registry: Registry,
     core: Registry,
     state: PlannerState,
     has_cache: bool,
     session_id: str,
-    decisions: Mapping[str, Any] | None,
     mode: str,
     all_loaded: bool,
     max_argument_bytes: int,
     max_output_bytes: int,
-    received: list[tuple[str, str, str] | None] | None,
+    decisions: Mapping[str, Any] | None = None,
+    received: list[tuple[str, str, str] | None] | None = None,
 ) -> Planner:
-    """`planner`, every field set (`Planner.__init__`, and `new_planner`)."""
+    """A planner for one batch, without a class call (on 3.11 a call of a function is
+    specialized, a class call is not: a third of the cost); `received` as
+    `Planner.received`."""
+    planner = _new_planner(Planner)
     planner._registry = registry
     planner._core = core
     planner._state = state
@@ -1285,38 +1258,6 @@ def _planner_filled(
     planner._asks = not _IN_PLACE
     planner.received = received
     return planner
-
-
-def new_planner(
-    registry: Registry,
-    core: Registry,
-    state: PlannerState,
-    has_cache: bool,
-    session_id: str,
-    decisions: Mapping[str, Any] | None,
-    mode: str,
-    all_loaded: bool,
-    max_argument_bytes: int,
-    max_output_bytes: int,
-    received: list[tuple[str, str, str] | None] | None = None,
-) -> Planner:
-    """`Planner(...)`, its arguments in order, without a class call (one is made per batch:
-    on 3.11 a call of a function is specialized, a class call with keywords is not, and
-    this costs a third of what it does); `received` as `Planner.received`."""
-    return _planner_filled(
-        _new_planner(Planner),
-        registry,
-        core,
-        state,
-        has_cache,
-        session_id,
-        decisions,
-        mode,
-        all_loaded,
-        max_argument_bytes,
-        max_output_bytes,
-        received,
-    )
 
 
 _new_planner: Callable[[type[Planner]], Planner] = object.__new__

@@ -371,11 +371,11 @@ class Session:
             self._planner_state,
             store is not None,
             self.id,
-            decisions,
             self.mode,
             all_loaded,
             d.max_argument_bytes,
             d.max_output_bytes,
+            decisions,
             # for a recording: what parse reads in place, which its rows need not read again
             None if self.recorder is None else [],
         )

@@ -459,10 +459,10 @@ def _commit_registry() -> Registry:
 
 def _plan_of(registry: Registry, state: Any, calls: list[ToolCall], decisions: Any, has_cache: bool) -> Any:
     """Pass 1 as the session runs it, nothing found in the cache."""
-    from dispatcher._plan import DEFAULT_MAX_ARGUMENT_BYTES, Planner
+    from dispatcher._plan import DEFAULT_MAX_ARGUMENT_BYTES, new_planner
     from dispatcher._results import DEFAULT_MAX_OUTPUT_BYTES
 
-    planner = Planner(
+    planner = new_planner(
         registry=registry,
         core=_CORE,
         state=state,

@@ -17,8 +17,8 @@ from dispatcher._plan import (
     DEFAULT_MAX_ARGUMENT_BYTES,
     DedupeEntry,
     Plan,
-    Planner,
     PlannerState,
+    new_planner,
 )
 from dispatcher._results import DEFAULT_MAX_OUTPUT_BYTES, failure_result
 
@@ -98,7 +98,7 @@ class Harness:
         self.history = History()
 
     def plan(self, calls: list[ToolCall], decisions: Mapping[str, Any] | None = None) -> Plan:
-        planner = Planner(
+        planner = new_planner(
             registry=REGISTRY,
             core=CORE,
             state=self.state,

@@ -39,7 +39,7 @@ from dispatcher._errors import (
     secret_name,
     stored_error,
 )
-from dispatcher._plan import DEFAULT_MAX_ARGUMENT_BYTES, Planner, PlannerState
+from dispatcher._plan import DEFAULT_MAX_ARGUMENT_BYTES, PlannerState, new_planner
 from dispatcher._recording import replay
 from dispatcher._results import DEFAULT_MAX_OUTPUT_BYTES, failure_result
 
@@ -197,7 +197,7 @@ def test_commit_returns_one_counted_record_per_signature() -> None:
     """Two failures with one signature in a batch are one record counted twice, in the
     effects; the results both end with next:."""
     reg = Registry([Tool("t", "T", lambda a, c: "x", deferred=False)])
-    planner = Planner(
+    planner = new_planner(
         registry=reg,
         core=core_registry(),
         state=PlannerState(),

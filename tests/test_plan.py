@@ -24,6 +24,7 @@ from dispatcher._plan import (
     PlannerState,
     call_key,
     canonical_json,
+    new_planner,
     parse_json,
 )
 from dispatcher._results import DEFAULT_MAX_OUTPUT_BYTES
@@ -174,7 +175,7 @@ def make_planner(
     max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
 ) -> Planner:
-    planner = Planner(
+    planner = new_planner(
         registry=registry if registry is not None else make_registry(),
         core=_CORE,
         state=state if state is not None else PlannerState(),

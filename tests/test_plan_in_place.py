@@ -34,10 +34,10 @@ from dispatcher._plan import (
     DedupeEntry,
     FinishedCall,
     Plan,
-    Planner,
     PlannerState,
     call_key,
     canonical_json,
+    new_planner,
 )
 from dispatcher._results import DEFAULT_MAX_OUTPUT_BYTES
 
@@ -372,7 +372,7 @@ def _pass1(batch: dict[str, Any], *, in_place: bool) -> _Outcome:
         hits = Hits() if batch["cache"] else None
         if hits is not None:
             hits.set(call_key("fetch_page", '{"url":"u"}'), "cached", ttl=60)
-        planner = Planner(
+        planner = new_planner(
             registry=_REGISTRY,
             core=_CORE,
             state=_copy(batch["state"]),
