@@ -406,10 +406,10 @@ def _common_rows(
     # as long as each other: see above
     for item, p, r, read in zip(calls, planned, results, reads, strict=False):
         _, _, planned_name, _, tool, outcome, leader, key, _, _, _, _, _, sent = p
+        if sent is None or type(planned_name) is not str:
+            return None
         if read is not None:  # read in place by pass 1 (an object, so never empty text)
             call_id, name, raw = read
-            if sent is None or type(planned_name) is not str:
-                return None
         else:
             try:
                 fn = item["function"]
@@ -421,10 +421,8 @@ def _common_rows(
                 or type(fn) is not dict
                 or type(raw) is not str
                 or not raw
-                or sent is None
                 or type(call_id) is not str
                 or type(name) is not str
-                or type(planned_name) is not str
             ):
                 return None
         how = ("unfinished" if r is None else "ran") if leader is None and outcome is None else _how(p, r)
