@@ -377,8 +377,8 @@ _BETWEEN_BLOCKS = 0.03  # seconds between two blocks of `_blocks`
 async def recording(quick: bool, folder: Path) -> dict[str, Any]:
     """threepass with a recording against threepass without, µs per call, batch 1 and 100:
     `on` as a session records by default (each batch returns once its line is in the
-    file), `handed` with `record_wait=False` (once its record is made; the records of a
-    few milliseconds are written together), and the line floor. Timed in blocks of batches
+    file), `handed` with `record_wait=False` (once its record's parts are kept; the records
+    of a few milliseconds are made and written together), and the line floor. Timed in blocks of batches
     that end once every line is in the file, so that what a writer does after a batch
     returned counts too."""
     off = Threepass(session="off")
@@ -524,9 +524,10 @@ def render(figures: Mapping[str, Any]) -> str:
         "On: the default, each batch returns once its line is in the file (built and written on",
         "the loop's thread once the file is open; its writer thread opens the file and takes",
         "over from a disk that stalls). wait=False (`record_wait=False`): a batch returns once",
-        "its record is made, and the records of a few milliseconds are written together with one",
-        "`write`. The line floor: the same session without a recording, then the batch's rows",
-        "line encoded with orjson, hashed, the file found still named (`fstat`) and the line",
+        "what its record is made of is kept, and the records of a few milliseconds are made in one",
+        "pass and written together with one `write`. The line floor: the same session without a",
+        "recording, then the batch's rows line encoded with orjson, hashed, the file found still",
+        "named (`fstat`) and the line",
         "written (`write`), on the loop: what any recording whose batches wait for their line",
         "pays. Each figure is the median, over blocks of batches of one system (the systems",
         "taking turns block by block), of a block's time per call, the time until every line",

@@ -11,8 +11,10 @@ encode. Format 2 recordings, which hold `batch` records only, are read as before
 session that goes on with one writes `batch` records into it. Each line is written whole with
 one `write`, so a crash can at worst leave a truncated last line; replay reports it and
 replays the rest. A batch returns once its line is in the file. With `Recorder.wait` false
-it returns once its record is made: the records of the batches that follow are gathered
-with it and written with one `write`, on the loop at the end of the batch in which the
+it returns once what its record is made of is kept (the calls as pass 1 read them, the
+frozen plan and results: nothing the caller can change), and the records of the batches
+that follow are gathered with it, made together in one pass and written with one
+`write`, on the loop at the end of the batch in which the
 first has waited `_GATHER` seconds or of a large one (`_WRITTEN_AT_ONCE` calls), or by
 the writer thread once batches stop coming (it
 looks every `_GATHER_LONGEST` seconds at most), so a crash loses at most the records of
@@ -508,6 +510,86 @@ def _common_record(
     return None if rows is None else _rows_record(run_id, round, all_loaded, rows, control)
 
 
+class _Unbuilt(NamedTuple):
+    """A common batch's record gathered before it is made (`Recorder._gather`): every call
+    was read in place by pass 1 (`Plan.received`), so nothing its record is made of is the
+    caller's to change (the plan and the results are frozen; the ids, names and arguments
+    are the text pass 1 read). Made where the records gathered are written (`_made`), in
+    one go with those beside it, rather than once at the end of every batch."""
+
+    run_id: int
+    round: int
+    plan: Plan
+    results: Sequence[ToolResult | None]
+    control: BaseException | None
+    all_loaded: bool
+    rewritten: bool
+
+
+_new_unbuilt: Callable[[type[_Unbuilt], tuple[Any, ...]], _Unbuilt] = tuple.__new__
+"""`_Unbuilt(*parts)` without the named tuple's Python `__new__` (one a batch)."""
+
+
+def _made(unbuilt: _Unbuilt) -> tuple[dict[str, Any], bool]:
+    """The record of a batch gathered unbuilt, as `Recorder._record_of` makes it of the
+    batch: the common `rows` record, else (a credential in the arguments, a result of
+    another kind) the batch record, its calls those pass 1 read, in the OpenAI chat shape
+    (which is all the batch record keeps of such a call)."""
+    run_id, round, plan, results, control, all_loaded, rewritten = unbuilt
+    received = plan.received
+    assert received is not None
+    # the calls themselves are not read: every one was read in place (`received`)
+    record = _common_record(run_id, round, received, plan, results, control, all_loaded, rewritten)
+    if record is not None:
+        return record, True
+    calls = [  # as `_copied_calls` copies them
+        {"id": read[0], "function": {"name": read[1], "arguments": read[2]}}
+        for read in received
+        if read is not None
+    ]
+    return Recorder._record_of(run_id, round, calls, plan, results, {}, control, all_loaded, rewritten)
+
+
+def _made_together(gathered: Sequence[_Gathered]) -> Sequence[_Gathered]:
+    """`gathered` with the records of its `_Unbuilt` batches made together, when every one of
+    them is common: `_common_rows` of all their calls as though they were one batch (one
+    pass, one credential scan), each batch's record then given its own rows. The same
+    records `_made` makes one by one (each line the same bytes: rows encoded apart are
+    written as orjson writes them in the line); `gathered` as it was otherwise, for `_made`
+    to make each on its own."""
+    unbuilt = [g for g in gathered if isinstance(g, _Unbuilt)]
+    if len(unbuilt) < 2:
+        return gathered
+    received: list[tuple[str, str, str] | None] = []
+    planned: list[PlannedCall] = []
+    results: list[ToolResult | None] = []
+    for u in unbuilt:
+        assert u.plan.received is not None
+        received += u.plan.received
+        planned += u.plan.calls
+        results += u.results
+    # a batch's arguments as sent are scanned if any batch's may hold more than its text
+    rows = _common_rows(received, planned, results, any(u.rewritten for u in unbuilt), False, received)
+    if type(rows) is not list:
+        return gathered
+    made: list[_Gathered] = []
+    at = 0
+    for g in gathered:
+        if isinstance(g, _Unbuilt):
+            size = len(g.results)
+            made.append(
+                (_rows_record(g.run_id, g.round, g.all_loaded, rows[at : at + size], g.control), True)
+            )
+            at += size
+        else:
+            made.append(g)
+    return made
+
+
+_Gathered = tuple[dict[str, Any], bool] | _Unbuilt
+"""A record gathered (with whether `_common_rows` built it), or a batch's `_Unbuilt`."""
+
+
 _ENCODED_FROM = 16  # calls in a batch from which `_common_rows` encodes its rows at once
 _ORJSON_INTS = range(-(2**63), 2**64)  # the integers orjson writes
 
@@ -645,7 +727,7 @@ class _Job(NamedTuple):
     batch: Mapping[str, Any] | None
     wake: Callable[[], object]
     closing: bool = False
-    records: list[tuple[dict[str, Any], bool]] | None = None
+    records: list[_Gathered] | None = None
     poke: bool = False
 
 
@@ -686,7 +768,7 @@ class Recorder:
     ) -> None:
         """`fsync`: each batch's line reaches the disk before the batch returns (slower;
         without it the line is in the file when the batch returns and the system writes it
-        out). `wait=False`: a batch returns once its record is made (`_gather`), written
+        out). `wait=False`: a batch returns once its record's parts are kept (`_gather`), written
         within milliseconds with those of the batches after it; a crash can then lose the
         records of the last few milliseconds, never corrupt the file, and `close()` waits
         for them. A batch of another shape is handed to the writer thread with its calls
@@ -727,7 +809,7 @@ class Recorder:
         self._here_until = 0.0  # monotonic time before which no line is written on the loop
         # with `wait=False`, the records gathered on the loop and not yet written (`_gather`),
         # and when the first of them was
-        self._gathered: list[tuple[dict[str, Any], bool]] = []
+        self._gathered: list[_Gathered] = []
         self._gathered_since = 0.0
         self._last_gathered = 0.0  # monotonic time a record was last gathered
         self._watching = False  # the writer thread looks at them in a while (`_look_at_gathered`)
@@ -948,28 +1030,37 @@ class Recorder:
         all_loaded: bool,
         rewritten: bool,
     ) -> bool:
-        """With `wait` false: the common batch's record (`_common_rows`) made here, on the
-        loop's thread, and gathered with those before it, to be numbered, encoded and
-        written together with one `write`: on the loop, at the end of the batch in which the
+        """With `wait` false: the common batch's record (`_common_rows`) gathered with those
+        before it, to be numbered, encoded and written together with one `write` (made
+        there too, in one pass with those beside it, when pass 1 read every call in place:
+        `_Unbuilt`; else made here): on the loop, at the end of the batch in which the
         first of them has waited `_GATHER` seconds, or of a batch of `_WRITTEN_AT_ONCE`
         calls or more (once the file is open, a regular file, and the writer thread has
         nothing left to do), or else by the writer thread, which the first of them left
-        gathered pokes. The batch returns at once, its record made: the caller may
-        change its calls afterwards. False for any other batch, which goes to the writer
+        gathered pokes. The batch returns at once: the caller may change its calls
+        afterwards, which its record does not read. False for any other batch, which goes to the writer
         thread as before (`_copied_calls`)."""
-        try:
-            record = _common_record(run_id, round, calls, plan, results, control, all_loaded, rewritten)
-        except Exception:  # what the writer thread would say, and does
-            return False
-        if record is None:
-            return False
+        entry: _Gathered
+        received = plan.received
+        if received is not None and len(received) == len(calls) and None not in received:
+            # every call read in place by pass 1: made where it is written, with those beside it
+            # (`_common_rows` checks then that there is a planned call and a result for each)
+            entry = _new_unbuilt(_Unbuilt, (run_id, round, plan, results, control, all_loaded, rewritten))
+        else:
+            try:
+                record = _common_record(run_id, round, calls, plan, results, control, all_loaded, rewritten)
+            except Exception:  # what the writer thread would say, and does
+                return False
+            if record is None:
+                return False
+            entry = (record, True)
         # the writer thread, due to look at those gathered before (or poked by the last batch)
         # and not yet run, runs now: beside a loop that keeps the GIL it would wait long for it
         self._turn.take_if_due()
         now = time.monotonic()
         with self._writer_lock:
             gathered = self._gathered
-            gathered.append((record, True))
+            gathered.append(entry)
             self._last_gathered = now
             if len(gathered) == 1:
                 self._gathered_since = now
@@ -986,7 +1077,7 @@ class Recorder:
                 except Exception:  # no thread to be had: the batch waits for its line after all
                     with contextlib.suppress(Exception):
                         self._jobs.get_nowait()
-                    if self._gathered and self._gathered[-1][0] is record:
+                    if self._gathered and self._gathered[-1] is entry:
                         self._gathered.pop()
                         return False
                     return True  # written already, with those before it
@@ -1130,7 +1221,7 @@ class Recorder:
     def _write_burst(self, burst: list[_Job]) -> None:
         """Write the jobs of `burst` in order, then tell each that it is done (a closing job
         closes the file after the lines before it are written)."""
-        records: list[tuple[dict[str, Any], bool]] = []
+        records: list[_Gathered] = []
         done: list[_Job] = []
         try:
             for job in burst:
@@ -1289,10 +1380,11 @@ class Recorder:
         """Append one record, numbered and chained (see `_append_all`)."""
         self._append_all([(dict(record), False)])
 
-    def _append_all(self, records: Sequence[tuple[dict[str, Any], bool]]) -> None:
+    def _append_all(self, records: Sequence[_Gathered]) -> None:
         """Append records, numbered and chained, with one `write`: each a (record, whether
         `_common_rows` built it) whose record is the recorder's own, given its `seq` and
-        `prev` in place. A record that cannot be encoded (a structure too deep) is not
+        `prev` in place, or a batch gathered `_Unbuilt`, whose record is made here. A record
+        that cannot be made or encoded (a structure too deep) is not
         written, nor is anything after it; a write that fails (a full disk, a folder gone)
         is logged once and ends the recording: what is on disk stays a readable prefix of
         the session (replay reports a cut last line as truncated), and the batches' results
@@ -1300,22 +1392,24 @@ class Recorder:
         if self.problem is not None or not records:
             return
         failed: Exception | None = None
+        with contextlib.suppress(Exception):  # else made one by one, below, each failure its own
+            records = _made_together(records)
         try:
             fd, lines = self._open()
             assert self._seq is not None
             seq, prev = self._seq, self._prev
-            for record, plain in records:
-                if not self._rows and record["type"] == "rows":
-                    # a file of an older format gone on with: its readers know no `rows`
-                    record, plain = _batch_of_rows(_loads(encode_line(record, finite=plain))), False
-                seq += 1
-                record["seq"], record["prev"] = seq, prev
+            for gathered in records:
                 try:
+                    record, plain = _made(gathered) if isinstance(gathered, _Unbuilt) else gathered
+                    if not self._rows and record["type"] == "rows":
+                        # a file of an older format gone on with: its readers know no `rows`
+                        record, plain = _batch_of_rows(_loads(encode_line(record, finite=plain))), False
+                    record["seq"], record["prev"] = seq + 1, prev
                     encoded = encode_line(record, finite=plain)
                 except Exception as exc:
                     failed = exc
-                    seq -= 1
                     break
+                seq += 1
                 lines.append(encoded)
                 prev = line_hash(encoded)
             if lines:

@@ -6,6 +6,7 @@ chain holds across both ways of writing, and a file replaced meanwhile is notice
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -20,10 +21,10 @@ import anyio
 import pytest
 
 from dispatcher import Allow, Dispatcher, Registry, Tool, _recording, replay
-from dispatcher._recording import _GATHER, _GATHER_LONGEST, read_recording
+from dispatcher._recording import _GATHER, _GATHER_LONGEST, encode_line, read_recording
 
 from ._fakes import TEXT_SCHEMA, Counter, fake_registry, openai_call
-from ._recorded import first_results, lines_in, read_lines, until_lines
+from ._recorded import first_results, kinds, lines_in, read_lines, until_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 _REAL_WRITE = os.write
@@ -217,8 +218,9 @@ async def test_a_file_replaced_while_records_wait_goes_on_in_the_new_file(tmp_pa
 
 
 async def test_calls_changed_after_the_batch_returned_are_recorded_as_they_were(tmp_path: Path) -> None:
-    """The record is made as the batch returns: the caller's dicts, changed afterwards (a
-    large batch, whose rows are encoded at once, and a small one), change nothing in it."""
+    """The record holds the calls as the batch read them: the caller's dicts, changed
+    afterwards (a large batch, whose rows are encoded at once, and a small one), change
+    nothing in it."""
     path = tmp_path / "reused.jsonl"
     s = _session(path)
     batches = [_batch(0, size=20), _batch(1, size=2)]
@@ -235,3 +237,108 @@ async def test_calls_changed_after_the_batch_returned_are_recorded_as_they_were(
         ["1-0", "1-1"],
     ]
     assert [r["content"] for r in recorded[0]["results"]] == [f"0/{i}" for i in range(20)]
+
+
+_SECRET = "arg-000-s3cr3t"
+_SECRET_ARGS = {"text": "secret", "api_key": _SECRET}  # a credential echo is sent beside its text
+
+
+def _mixed_batches() -> list[list[dict[str, Any]]]:
+    """Batches of one, a few and `_WRITTEN_AT_ONCE` calls, one holding a credential, one
+    call of a ToolCall's shape (not read in place) and one whose id is not text."""
+    batches = [_batch(n, size) for n, size in enumerate([1, 1, 3, 1, 20, 1, 2, 1])]
+    batches[2][1] = openai_call("2-1", "echo", _SECRET_ARGS)
+    batches.append([{"id": "8-0", "name": "echo", "arguments": {"text": "8/0"}}])
+    batches.append([openai_call("9-0", "echo", {"text": "9/0"}) | {"id": 9}])
+    batches.append(_batch(10, _recording._WRITTEN_AT_ONCE))
+    batches += [_batch(n) for n in range(11, 15)]
+    return batches
+
+
+def _untimed(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The batch records as read, less when each call started and how long it took (and
+    the hash of the line before, which holds them)."""
+    for b in batches:
+        del b["prev"]
+        for r in b["results"]:
+            if r is not None:
+                r["started"] = r["duration"] = 0
+    return batches
+
+
+@pytest.mark.parametrize("waited", [0.0, _GATHER])
+async def test_a_record_made_where_it_is_written_is_the_one_made_as_the_batch_returns(
+    tmp_path: Path, waited: float
+) -> None:
+    """Batches gathered before their records are made (`_Unbuilt`: every call read in place)
+    record what the same batches record when each waits for its line: the common ones as
+    `rows`, the one holding a credential part by part with it redacted, those not read in
+    place as before; whether the records are made together or one by one (the batch
+    holding a credential beside them), and with a pause between batches or none."""
+    records: dict[bool, list[dict[str, Any]]] = {}
+    kinds_of: dict[bool, list[str]] = {}
+    for wait in (True, False):
+        path = tmp_path / f"wait-{wait}.jsonl"
+        d = Dispatcher(fake_registry(Counter(), {}))
+        s = d.session("same", record=path, record_wait=wait)
+        for items in _mixed_batches():
+            await s.dispatch(items)
+            await anyio.sleep(waited)
+        s.close()
+        _, batches, truncated, problem = read_recording(path)
+        assert problem is None and not truncated
+        records[wait] = _untimed(batches)
+        kinds_of[wait] = kinds(path)
+    assert records[False] == records[True]
+    # the credential's batch and the ToolCall shape's part by part, the rest as rows (the
+    # id that is not text, copied as text for the writer thread, may be either)
+    expected = ["header"] + ["batch" if n in (2, 8) else "rows" for n in range(len(_mixed_batches()))]
+    assert [k for n, k in enumerate(kinds_of[False]) if n != 10] == [
+        k for n, k in enumerate(expected) if n != 10
+    ]
+    for wait in (True, False):
+        assert _SECRET not in (tmp_path / f"wait-{wait}.jsonl").read_text()
+    assert [r["content"] for r in records[False][2]["results"]][0::2] == ["2/0", "2/2"]
+    arguments = json.loads(records[False][2]["calls"][1]["arguments"])  # the JSON text, redacted
+    assert arguments["text"] == "secret" and arguments["api_key"] != _SECRET
+    report = await replay(tmp_path / "wait-False.jsonl", Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.batches == len(_mixed_batches()), report
+
+
+async def test_records_made_together_are_the_lines_made_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The records of batches gathered unbuilt, made together in one pass (`_made_together`),
+    encode to the same bytes as each made on its own (`_made`), a large batch's rows
+    (encoded apart when made alone) included; with a credential among them, none is made
+    together, and each is made on its own."""
+    monkeypatch.setattr(_recording, "_GATHER", 3600.0)  # nothing written meanwhile
+    monkeypatch.setattr(_recording, "_GATHER_LONGEST", 3600.0)
+    s = _session(tmp_path / "together.jsonl")
+    await s.dispatch(_batch(0))
+    assert s.recorder.flush(5)
+    for n, size in enumerate([1, 3, 20, 1, 2], start=1):
+        await s.dispatch(_batch(n, size))
+    gathered = list(s.recorder._gathered)
+    assert len(gathered) == 5 and all(isinstance(g, _recording._Unbuilt) for g in gathered)
+
+    def lines(made: Any) -> list[bytes]:
+        out = []
+        for i, (record, plain) in enumerate(made):
+            record = dict(record)
+            record["seq"], record["prev"] = i + 1, "0" * 16
+            out.append(encode_line(record, finite=plain))
+        return out
+
+    alone = [_recording._made(g) for g in gathered]
+    assert all(plain for _, plain in alone)
+    assert lines(_recording._made_together(gathered)) == lines(alone)
+    await s.dispatch([openai_call("6-0", "echo", _SECRET_ARGS)])
+    mixed = list(s.recorder._gathered)
+    assert _recording._made_together(mixed) == mixed  # left for `_made`, each on its own
+    assert [plain for _, plain in map(_recording._made, mixed)] == [True] * 5 + [False]
+    monkeypatch.undo()
+    s.close()
+    recorded = first_results(tmp_path / "together.jsonl")
+    assert recorded[:6] == [f"{n}/0" for n in range(6)] and len(recorded) == 7
+    assert _SECRET not in (tmp_path / "together.jsonl").read_text()
