@@ -495,31 +495,36 @@ def _common_record(
     run_id: int,
     round: int,
     calls: Sequence[Any],
-    plan: Plan,
+    planned: Sequence[PlannedCall],
+    received: Sequence[tuple[str, str, str] | None] | None,
     results: Sequence[ToolResult | None],
     control: BaseException | None,
     all_loaded: bool,
     rewritten: bool,
 ) -> dict[str, Any] | None:
     """The common batch's `rows` record (`_common_rows`), less `seq` and `prev`, or None
-    for any other batch. Its rows are encoded apart only when orjson takes the rest of the
+    for any other batch; `planned` and `received` its plan's (`Plan.calls`, `Plan.received`).
+    Its rows are encoded apart only when orjson takes the rest of the
     record too (a run or round past 64 bits, from a snapshot say, would send it to json,
     which cannot write a fragment)."""
     apart = type(run_id) is type(round) is int and run_id in _ORJSON_INTS and round in _ORJSON_INTS
-    rows = _common_rows(calls, plan.calls, results, rewritten, apart, plan.received)
+    rows = _common_rows(calls, planned, results, rewritten, apart, received)
     return None if rows is None else _rows_record(run_id, round, all_loaded, rows, control)
 
 
 class _Unbuilt(NamedTuple):
     """A common batch's record gathered before it is made (`Recorder._gather`): every call
     was read in place by pass 1 (`Plan.received`), so nothing its record is made of is the
-    caller's to change (the plan and the results are frozen; the ids, names and arguments
-    are the text pass 1 read). Made where the records gathered are written (`_made`), in
-    one go with those beside it, rather than once at the end of every batch."""
+    caller's to change (the planned calls and the results are frozen; the ids, names and
+    arguments are the text pass 1 read). Made where the records gathered are written
+    (`_made`), in one go with those beside it, rather than once at the end of every batch.
+    It holds only what the record is made of (not the plan: the fewer objects a batch
+    leaves alive until its line is written, the fewer garbage collections it sets off)."""
 
     run_id: int
     round: int
-    plan: Plan
+    received: Sequence[tuple[str, str, str] | None]
+    planned: tuple[PlannedCall, ...]
     results: Sequence[ToolResult | None]
     control: BaseException | None
     all_loaded: bool
@@ -535,11 +540,11 @@ def _made(unbuilt: _Unbuilt) -> tuple[dict[str, Any], bool]:
     batch: the common `rows` record, else (a credential in the arguments, a result of
     another kind) the batch record, its calls those pass 1 read, in the OpenAI chat shape
     (which is all the batch record keeps of such a call)."""
-    run_id, round, plan, results, control, all_loaded, rewritten = unbuilt
-    received = plan.received
-    assert received is not None
+    run_id, round, received, planned, results, control, all_loaded, rewritten = unbuilt
     # the calls themselves are not read: every one was read in place (`received`)
-    record = _common_record(run_id, round, received, plan, results, control, all_loaded, rewritten)
+    record = _common_record(
+        run_id, round, received, planned, received, results, control, all_loaded, rewritten
+    )
     if record is not None:
         return record, True
     calls = [  # as `_copied_calls` copies them
@@ -547,39 +552,43 @@ def _made(unbuilt: _Unbuilt) -> tuple[dict[str, Any], bool]:
         for read in received
         if read is not None
     ]
+    plan = Plan(planned, (), received=received)  # what the batch record reads of it
     return Recorder._record_of(run_id, round, calls, plan, results, {}, control, all_loaded, rewritten)
 
 
 def _made_together(gathered: Sequence[_Gathered]) -> Sequence[_Gathered]:
     """`gathered` with the records of its `_Unbuilt` batches made together, when every one of
     them is common: `_common_rows` of all their calls as though they were one batch (one
-    pass, one credential scan), each batch's record then given its own rows. The same
-    records `_made` makes one by one (each line the same bytes: rows encoded apart are
-    written as orjson writes them in the line); `gathered` as it was otherwise, for `_made`
-    to make each on its own."""
-    unbuilt = [g for g in gathered if isinstance(g, _Unbuilt)]
-    if len(unbuilt) < 2:
-        return gathered
+    pass, one credential scan), each batch's record then given its own rows: the same
+    records `_made` makes one by one. A batch of `_ENCODED_FROM` calls or more is left
+    for `_made` (its rows are encoded apart: text orjson refuses sends it to the batch
+    record), and so is every one when they are not all common."""
     received: list[tuple[str, str, str] | None] = []
     planned: list[PlannedCall] = []
     results: list[ToolResult | None] = []
-    for u in unbuilt:
-        assert u.plan.received is not None
-        received += u.plan.received
-        planned += u.plan.calls
-        results += u.results
-    # a batch's arguments as sent are scanned if any batch's may hold more than its text
-    rows = _common_rows(received, planned, results, any(u.rewritten for u in unbuilt), False, received)
+    rewritten = False  # a batch's arguments as sent are scanned if any batch's may hold more
+    count = 0
+    for g in gathered:
+        if type(g) is _Unbuilt and len(g[4]) < _ENCODED_FROM:
+            # its fields read at once (a named tuple's field read by name is the generic lookup)
+            _, _, its_received, its_planned, its_results, _, _, its_rewritten = g
+            received += its_received
+            planned += its_planned
+            results += its_results
+            rewritten = rewritten or its_rewritten
+            count += 1
+    if count < 2:
+        return gathered
+    rows = _common_rows(received, planned, results, rewritten, False, received)
     if type(rows) is not list:
         return gathered
     made: list[_Gathered] = []
     at = 0
     for g in gathered:
-        if isinstance(g, _Unbuilt):
-            size = len(g.results)
-            made.append(
-                (_rows_record(g.run_id, g.round, g.all_loaded, rows[at : at + size], g.control), True)
-            )
+        if type(g) is _Unbuilt and len(g[4]) < _ENCODED_FROM:
+            run_id, round, _, _, its_results, control, all_loaded, _ = g
+            size = len(its_results)
+            made.append((_rows_record(run_id, round, all_loaded, rows[at : at + size], control), True))
             at += size
         else:
             made.append(g)
@@ -1045,10 +1054,14 @@ class Recorder:
         if received is not None and len(received) == len(calls) and None not in received:
             # every call read in place by pass 1: made where it is written, with those beside it
             # (`_common_rows` checks then that there is a planned call and a result for each)
-            entry = _new_unbuilt(_Unbuilt, (run_id, round, plan, results, control, all_loaded, rewritten))
+            entry = _new_unbuilt(
+                _Unbuilt, (run_id, round, received, plan.calls, results, control, all_loaded, rewritten)
+            )
         else:
             try:
-                record = _common_record(run_id, round, calls, plan, results, control, all_loaded, rewritten)
+                record = _common_record(
+                    run_id, round, calls, plan.calls, plan.received, results, control, all_loaded, rewritten
+                )
             except Exception:  # what the writer thread would say, and does
                 return False
             if record is None:
@@ -1398,10 +1411,11 @@ class Recorder:
             fd, lines = self._open()
             assert self._seq is not None
             seq, prev = self._seq, self._prev
+            older = not self._rows
             for gathered in records:
                 try:
                     record, plain = _made(gathered) if isinstance(gathered, _Unbuilt) else gathered
-                    if not self._rows and record["type"] == "rows":
+                    if older and record["type"] == "rows":
                         # a file of an older format gone on with: its readers know no `rows`
                         record, plain = _batch_of_rows(_loads(encode_line(record, finite=plain))), False
                     record["seq"], record["prev"] = seq + 1, prev
@@ -1472,7 +1486,9 @@ class Recorder:
         which holds no float for `encode_line` to look for but its results' times; a file
         of format 2 gone on with gets the batch record it stands for: see `_append_all`)."""
         if not decisions:
-            common = _common_record(run_id, round, calls, plan, results, control, all_loaded, rewritten)
+            common = _common_record(
+                run_id, round, calls, plan.calls, plan.received, results, control, all_loaded, rewritten
+            )
             if common is not None:
                 return common, True
         secrets: set[str] = set()  # filled by the redaction of calls, decisions and keys

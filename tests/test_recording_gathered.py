@@ -19,6 +19,8 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dispatcher import Allow, Dispatcher, Registry, Tool, _recording, replay
 from dispatcher._recording import _GATHER, _GATHER_LONGEST, encode_line, read_recording
@@ -309,9 +311,9 @@ async def test_records_made_together_are_the_lines_made_one_by_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The records of batches gathered unbuilt, made together in one pass (`_made_together`),
-    encode to the same bytes as each made on its own (`_made`), a large batch's rows
-    (encoded apart when made alone) included; with a credential among them, none is made
-    together, and each is made on its own."""
+    encode to the same bytes as each made on its own (`_made`); one of `_ENCODED_FROM` calls
+    or more is left to be made alone; with a credential among them, none is made together,
+    and each is made on its own."""
     monkeypatch.setattr(_recording, "_GATHER", 3600.0)  # nothing written meanwhile
     monkeypatch.setattr(_recording, "_GATHER_LONGEST", 3600.0)
     s = _session(tmp_path / "together.jsonl")
@@ -321,18 +323,14 @@ async def test_records_made_together_are_the_lines_made_one_by_one(
         await s.dispatch(_batch(n, size))
     gathered = list(s.recorder._gathered)
     assert len(gathered) == 5 and all(isinstance(g, _recording._Unbuilt) for g in gathered)
-
-    def lines(made: Any) -> list[bytes]:
-        out = []
-        for i, (record, plain) in enumerate(made):
-            record = dict(record)
-            record["seq"], record["prev"] = i + 1, "0" * 16
-            out.append(encode_line(record, finite=plain))
-        return out
-
     alone = [_recording._made(g) for g in gathered]
     assert all(plain for _, plain in alone)
-    assert lines(_recording._made_together(gathered)) == lines(alone)
+    together = _recording._made_together(gathered)
+    assert [isinstance(g, _recording._Unbuilt) for g in together] == [False, False, True, False, False]
+    assert together[2] is gathered[2]
+    assert _lines_of(
+        [_recording._made(g) if isinstance(g, _recording._Unbuilt) else g for g in together]
+    ) == (_lines_of(alone))
     await s.dispatch([openai_call("6-0", "echo", _SECRET_ARGS)])
     mixed = list(s.recorder._gathered)
     assert _recording._made_together(mixed) == mixed  # left for `_made`, each on its own
@@ -342,3 +340,82 @@ async def test_records_made_together_are_the_lines_made_one_by_one(
     recorded = first_results(tmp_path / "together.jsonl")
     assert recorded[:6] == [f"{n}/0" for n in range(6)] and len(recorded) == 7
     assert _SECRET not in (tmp_path / "together.jsonl").read_text()
+
+
+def _lines_of(made: Any) -> list[bytes]:
+    """Records as made, numbered and chained alike, as their lines would be written."""
+    out = []
+    for i, (record, plain) in enumerate(made):
+        record = dict(record)
+        record["seq"], record["prev"] = i + 1, "0" * 16
+        out.append(encode_line(record, finite=plain))
+    return out
+
+
+_ARGUMENT_TEXT = st.one_of(
+    st.text(max_size=8),
+    st.sampled_from(["\ud800", "api_key=1", "Bearer abc", "é", "\\u0000", '"', "\u2028"]),
+)
+
+
+async def _gathered_of(path: Path, batches: list[list[dict[str, Any]]]) -> list[Any]:
+    """What a session that does not wait gathered of `batches`, none of them written yet."""
+    s = _session(path)
+    await s.dispatch(_batch(0))
+    assert s.recorder.flush(5)
+    for items in batches:
+        await s.dispatch(items)
+    gathered = list(s.recorder._gathered)
+    s.recorder._gathered = []  # not written: the test only makes them
+    s.close()
+    return gathered
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    batches=st.lists(
+        st.tuples(
+            st.sampled_from([1, 2, 3, 15, 16, 17]),  # calls, either side of `_ENCODED_FROM`
+            st.integers(0, 16),  # the call that holds an odd text, if any
+            st.none()
+            | st.tuples(
+                st.sampled_from(["echo", "missing"]), _ARGUMENT_TEXT, st.booleans()
+            ),  # with a credential?
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_any_batches_made_together_are_the_lines_made_one_by_one(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, batches: list[Any]
+) -> None:
+    """Whatever batches are gathered unbuilt (any text in their arguments: a lone surrogate,
+    what looks like a credential, escapes; calls of no tool; a credential beside them; some
+    of `_ENCODED_FROM` calls or more), the records made together are, line for line, the
+    bytes of each made on its own; and when each alone is a `rows` record, those of fewer
+    than `_ENCODED_FROM` calls are indeed made together."""
+    monkeypatch.setattr(_recording, "_GATHER", 3600.0)
+    monkeypatch.setattr(_recording, "_GATHER_LONGEST", 3600.0)
+    items = []
+    for n, (size, at, odd) in enumerate(batches):
+        calls = []
+        for i in range(size):
+            name, args = "echo", {"text": f"{n}/{i}"}
+            if odd is not None and i == at % size:
+                name, args["text"] = odd[0], odd[1]
+                if odd[2]:
+                    args["api_key"] = _SECRET
+            # the text as it is, not escaped (a lone surrogate stays one)
+            calls.append(openai_call(f"{n}-{i}", name, json.dumps(args, ensure_ascii=False)))
+        items.append(calls)
+    path = tmp_path_factory.mktemp("together") / "together.jsonl"
+    gathered = anyio.run(_gathered_of, path, items)
+    assert len(gathered) == len(items)
+    assert all(isinstance(g, _recording._Unbuilt) for g in gathered)  # every call read in place
+    alone = [_recording._made(g) for g in gathered]
+    made = _recording._made_together(gathered)
+    together = [_recording._made(g) if isinstance(g, _recording._Unbuilt) else g for g in made]
+    assert _lines_of(together) == _lines_of(alone)
+    small = [i for i, g in enumerate(gathered) if len(g.results) < _recording._ENCODED_FROM]
+    if all(plain for _, plain in alone) and len(small) >= 2:
+        assert not any(isinstance(made[i], _recording._Unbuilt) for i in small)
