@@ -27,6 +27,7 @@ from dispatcher._recording import _GATHER, _GATHER_LONGEST, encode_line, read_re
 
 from ._fakes import TEXT_SCHEMA, Counter, fake_registry, openai_call
 from ._recorded import first_results, kinds, lines_in, read_lines, until_lines
+from .test_recording import SECRETS, _echo_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 _REAL_WRITE = os.write
@@ -419,3 +420,38 @@ def test_any_batches_made_together_are_the_lines_made_one_by_one(
     small = [i for i, g in enumerate(gathered) if len(g.results) < _recording._ENCODED_FROM]
     if all(plain for _, plain in alone) and len(small) >= 2:
         assert not any(isinstance(made[i], _recording._Unbuilt) for i in small)
+
+
+@pytest.mark.parametrize("wait", [True, False])
+async def test_a_credential_a_rewriter_adds_to_gathered_batches_never_reaches_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wait: bool
+) -> None:
+    """Batches read in place, gathered unbuilt, whose arguments a rewriter gives the host's
+    token (the calls' own text holds none): made together or one by one, no line holds
+    the token, not in the arguments as sent nor in the results that echo them (the calls'
+    text alone would have them written as rows); and the file replays."""
+    token = SECRETS["other"]
+
+    def with_token(event: Any, state: Any) -> Any:
+        headers = {**event.args.get("headers", {}), "Authorization": f"Bearer {token}"}
+        return {"tool_name": event.tool_name, "args": {**event.args, "headers": headers}}
+
+    monkeypatch.setattr(_recording, "_GATHER", 3600.0)  # every batch gathered until close
+    monkeypatch.setattr(_recording, "_GATHER_LONGEST", 3600.0)
+    path = tmp_path / f"rewritten-{wait}.jsonl"
+    d = Dispatcher(_echo_registry(Counter()), rewriters=[with_token])
+    s = d.session("rw", record=path, record_wait=wait)
+    for n in range(6):
+        calls = [openai_call(f"{n}-{i}", "request", {"url": f"api.test/{n}/{i}"}) for i in range(1 + n % 3)]
+        results = await s.dispatch(calls)
+        assert all(token in r.content for r in results)  # the tool was given it
+    if not wait:
+        assert len(s.recorder._gathered) == 6 and all(
+            isinstance(g, _recording._Unbuilt) for g in s.recorder._gathered
+        )
+    s.close()
+    assert token.encode() not in path.read_bytes()
+    _, batches, truncated, problem = read_recording(path)
+    assert problem is None and not truncated and len(batches) == 6
+    report = await replay(path, Dispatcher(_echo_registry(Counter()), rewriters=[with_token]))
+    assert report.ok, report.divergence
