@@ -115,20 +115,22 @@ async def _dispatch_until_interrupted(s: Any, returned: list[str]) -> int:
     return n
 
 
+@pytest.mark.parametrize("where", ["encode_line", "_common_rows"])
 async def test_an_interrupt_while_the_loop_writes_the_records_gathered_loses_none(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
-    """A KeyboardInterrupt that lands on the loop's thread as it numbers and encodes the
-    records gathered, before their `write` (here at the first record's encoding, where a
-    signal's handler may run): the batches that returned before it lose nothing, since
-    `close()` writes what is gathered, and the file is whole and replays."""
+    """A KeyboardInterrupt that lands on the loop's thread as it makes, numbers and encodes
+    the records gathered, before their `write` (here at the first record's encoding, or as
+    the rows of those gathered unbuilt are made, where a signal's handler may run): the
+    batches that returned before it lose nothing, since `close()` writes what is gathered,
+    and the file is whole and replays."""
     path = tmp_path / "interrupted.jsonl"
     s = _session(path)
     await s.dispatch(_batch(0))
     await until_lines(path, 2)
     from dispatcher import _recording
 
-    monkeypatch.setattr(_recording, "encode_line", _interrupting_once(_recording.encode_line))
+    monkeypatch.setattr(_recording, where, _interrupting_once(getattr(_recording, where)))
     returned = ["0/0"]
     n = await _dispatch_until_interrupted(s, returned)
     monkeypatch.undo()
