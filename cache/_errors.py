@@ -38,6 +38,7 @@ import attrs
 from dispatcher._seams import ErrorRecord
 
 from ._disk import default_cache_dir
+from ._sqlite import set_wal
 
 __all__ = ["DEFAULT_MAX_RECORDS", "DiskErrorStore", "MemoryErrorStore"]
 
@@ -205,7 +206,7 @@ class DiskErrorStore:
     def _connect(self) -> Iterator[sqlite3.Connection]:
         con = sqlite3.connect(self._path, timeout=self._timeout, isolation_level=None)
         try:
-            con.execute("PRAGMA journal_mode=WAL")
+            set_wal(con, self._timeout)
             for suffix in ("-wal", "-shm"):  # SQLite gives them the database's mode; made sure
                 with contextlib.suppress(FileNotFoundError):
                     Path(f"{self._path}{suffix}").chmod(_PRIVATE_FILE)

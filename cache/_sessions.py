@@ -24,6 +24,8 @@ import attrs
 
 from dispatcher import Lease, SessionBusy, StoredSession
 
+from ._sqlite import set_wal
+
 __all__ = ["DEFAULT_LEASE_SECONDS", "MemorySessionStore", "SqliteSessionStore"]
 
 DEFAULT_LEASE_SECONDS: Final = 30.0
@@ -148,7 +150,7 @@ class SqliteSessionStore:
             self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
         )
         with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
+            set_wal(self._db, busy_timeout)
             self._db.executescript(_SCHEMA)
 
     def close(self) -> None:
