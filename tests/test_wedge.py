@@ -436,11 +436,11 @@ async def test_the_block_watch_runs_when_due_beside_a_loop_that_makes_brief_syst
                 os.fstat(fd)
     finally:
         os.close(fd)
-    # every period of 20 ms, not now and then: left to race, it waits 100 ms and more, so
-    # ten times at the most in that second
-    assert len(lags) >= 15, lags
-    # 20 ms leaves room for the system's own scheduling of a thread on a machine the
-    # suite's workers keep busy, five times short of what the race costs
+    # now and then, on a machine the suite's workers keep busy, the system does not run the
+    # thread within the loop's short wait, and it races once (0.7 s was seen): so the lags
+    # are not counted, but their median is held to 20 ms, five times short of what the race
+    # costs each time (left to race, it waits 100 ms and more)
+    assert len(lags) >= 5, lags
     assert statistics.median(lags) < 0.02, sorted(lags)
 
 
