@@ -567,8 +567,8 @@ def _made_together(gathered: Sequence[_Gathered]) -> Sequence[_Gathered]:
     planned: list[PlannedCall] = []
     results: list[ToolResult | None] = []
     rewritten = False  # a batch's arguments as sent are scanned if any batch's may hold more
-    count = 0
-    for g in gathered:
+    together: list[tuple[int, _Unbuilt]] = []  # where each batch made here is, and it
+    for i, g in enumerate(gathered):
         if type(g) is _Unbuilt and len(g[4]) < _ENCODED_FROM:
             # its fields read at once (a named tuple's field read by name is the generic lookup)
             _, _, its_received, its_planned, its_results, _, _, its_rewritten = g
@@ -576,22 +576,18 @@ def _made_together(gathered: Sequence[_Gathered]) -> Sequence[_Gathered]:
             planned += its_planned
             results += its_results
             rewritten = rewritten or its_rewritten
-            count += 1
-    if count < 2:
+            together.append((i, g))
+    if len(together) < 2:
         return gathered
     rows = _common_rows(received, planned, results, rewritten, False, received)
     if type(rows) is not list:
         return gathered
-    made: list[_Gathered] = []
+    made: list[_Gathered] = list(gathered)
     at = 0
-    for g in gathered:
-        if type(g) is _Unbuilt and len(g[4]) < _ENCODED_FROM:
-            run_id, round, _, _, its_results, control, all_loaded, _ = g
-            size = len(its_results)
-            made.append((_rows_record(run_id, round, all_loaded, rows[at : at + size], control), True))
-            at += size
-        else:
-            made.append(g)
+    for i, (run_id, round, _, _, its_results, control, all_loaded, _) in together:
+        size = len(its_results)
+        made[i] = (_rows_record(run_id, round, all_loaded, rows[at : at + size], control), True)
+        at += size
     return made
 
 
