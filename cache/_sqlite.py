@@ -28,8 +28,8 @@ def set_wal(con: sqlite3.Connection, timeout: float) -> None:
             con.execute("PRAGMA journal_mode=WAL")
             return
         except sqlite3.OperationalError as exc:
-            code = getattr(exc, "sqlite_errorcode", sqlite3.SQLITE_BUSY) & 0xFF  # the primary code
-            if code not in _BUSY or time.monotonic() + pause > deadline:
+            # the primary code of an extended one (SQLITE_BUSY_RECOVERY is a SQLITE_BUSY)
+            if exc.sqlite_errorcode & 0xFF not in _BUSY or time.monotonic() + pause > deadline:
                 raise
         time.sleep(pause)
         pause = min(2 * pause, 0.05)
