@@ -437,9 +437,9 @@ async def test_the_block_watch_runs_when_due_beside_a_loop_that_makes_brief_syst
     finally:
         os.close(fd)
     # now and then, on a machine the suite's workers keep busy, the system does not run the
-    # thread within the loop's short wait, and it races once (0.7 s was seen; a CI run saw four turns in the second): so the lags
-    # are not counted, but their median is held to 20 ms, five times short of what the race
-    # costs each time (left to race, it waits 100 ms and more)
+    # thread within the loop's short wait, and it races once (0.7 s was seen; a run saw four
+    # turns in the second): so the lags are not counted, but their median is held to 20 ms,
+    # five times short of what the race costs each time (left to race, 100 ms and more)
     assert len(lags) >= 3, lags
     assert statistics.median(lags) < 0.02, sorted(lags)
 
