@@ -618,6 +618,8 @@ class BlockWatch:
 
 
 _GIVE_WAY = 0.0005  # seconds the loop's thread waits at most for a helper thread to run
+_RETRY_FIRST = 0.002  # seconds after a helper missed its turn until it is given way to again ...
+_RETRY_MOST = 0.1  # ... twice as long after each turn it misses, up to this
 
 
 class GilTurn:
@@ -631,17 +633,21 @@ class GilTurn:
     1 on a virtual machine). So the thread says, before each wait, when it is due to wake
     (`waiting`) and, after it, that it runs again (`running`); the loop's thread, where it
     can spare the moment (a batch's end), waits for it, the GIL released, once it is due
-    and has not run since (`take_if_due`), at most `_GIVE_WAY` seconds, and one that is
-    late is not waited for again until its next wait."""
+    and has not run since (`take_if_due`), at most `_GIVE_WAY` seconds. One that missed
+    its turn (the system ran it too late: a busy machine) is given way to again
+    `_RETRY_FIRST` seconds later, and after each turn missed twice as long as before, up
+    to `_RETRY_MOST`: it is not left to the race, yet a helper that cannot run soon costs
+    the loop a few waits, not one a batch."""
 
     __slots__ = ("_wake",)
 
     def __init__(self) -> None:
-        self._wake: tuple[float, threading.Event] = (math.inf, threading.Event())
+        # (when it is due, set once it runs again, how long after a missed turn it is due again)
+        self._wake: tuple[float, threading.Event, float] = (math.inf, threading.Event(), _RETRY_FIRST)
 
     def waiting(self, until: float) -> None:
         """On the helper's thread, before a wait: when it is to wake (inf: when it is woken)."""
-        self._wake = (until, threading.Event())
+        self._wake = (until, threading.Event(), _RETRY_FIRST)
 
     def running(self) -> None:
         """On the helper's thread, after a wait: it holds the GIL again."""
@@ -652,13 +658,14 @@ class GilTurn:
         given way to next unless it runs meanwhile."""
         wake = self._wake
         if not wake[1].is_set():
-            self._wake = (0.0, wake[1])
+            self._wake = (0.0, wake[1], wake[2])
 
     def take_if_due(self) -> None:
         """On the loop's thread: give way to the helper's, if it is due and has not run."""
         wake = self._wake
         if time.monotonic() >= wake[0] and not wake[1].wait(_GIVE_WAY) and self._wake is wake:
-            self._wake = (math.inf, wake[1])
+            retry = wake[2]
+            self._wake = (time.monotonic() + retry, wake[1], min(2 * retry, _RETRY_MOST))
 
 
 _BLOCK_WATCHES: trio.lowlevel.RunVar[dict[float, BlockWatch]] = trio.lowlevel.RunVar("threepass_watches")
