@@ -19,7 +19,10 @@ or where the kernel must know which loop it is on:
 - `BlockWatch`: how an async tool that holds the loop is caught — a probe the loop must
   answer, posted from a thread that looks at the loop thread's stack while it waits;
 - `Primitives.under_deadline`: how a call run alone is held to its timeout (on trio, a
-  call that returns before it first suspends pays for no cancel scope).
+  call that returns before it first suspends pays for no cancel scope);
+  `Primitives.mark`/`task_group_since`: how a concurrent group whose calls start on the
+  batch's own task opens its task group only once one of them waits (on trio, as if it
+  had been opened before that call started).
 """
 
 from __future__ import annotations
@@ -149,6 +152,15 @@ class Primitives:
     deadline)` around it would: `(its value, None)` if it returned before it first waited
     (on trio; nothing is left to await, and no scope could have cut it short), else
     `(None, rest)`, where `await rest` is (its value, whether the scope cut it short)."""
+    eager: bool = False
+    """Whether `under_deadline` runs a call's first step at once, before any scope exists."""
+    mark: Callable[[], Any] = lambda: None
+    """Where the running task stands now, for `task_group_since`."""
+    task_group_since: Callable[[Any], Any] = lambda mark: anyio.create_task_group()
+    """`task_group_since(mark)`: an `async with` task group, opened as if at `mark` (where
+    the task stood before a call's first step): beneath the cancel scopes and task groups
+    that step opened and left open, so theirs close first and it after. Where first steps
+    do not run at once (not `eager`), nothing ran since: a task group as it reads."""
 
 
 async def _scoped(coro: Coroutine[Any, Any, Any], deadline: float) -> tuple[Any, bool]:
@@ -253,10 +265,55 @@ async def _trio_beneath(
     return value, False
 
 
+def _trio_mark() -> tuple[Any, Any, int]:
+    """Where the running trio task stands: its cancel status and how many nurseries it has
+    open (`_TrioGroupSince`)."""
+    task = _TRIO_RUN.task
+    return task, task._cancel_status, len(task._child_nurseries)
+
+
+class _TrioGroupSince:
+    """`trio.open_nursery()`, opened as if at `mark` (`_trio_mark`): its cancel status goes
+    between the task's status then and the outermost scope opened since and left open, and
+    it goes before the nurseries opened since among the task's own, so that those close
+    first and it after, as if it had been there all along. Cancelling a scope the first
+    step opened then reaches only that call, not the nursery's children (the calls beside
+    it); cancelling the nursery reaches them all. The moves are those of `_scope_beneath`."""
+
+    __slots__ = ("_manager", "_mark")
+
+    def __init__(self, mark: tuple[Any, Any, int]) -> None:
+        self._mark = mark
+        self._manager = trio.open_nursery()
+
+    @trio.lowlevel.enable_ki_protection  # no Ctrl-C between the nursery's entry and its move
+    async def __aenter__(self) -> trio.Nursery:
+        task, base, count = self._mark
+        inner = task._cancel_status
+        nursery = await self._manager.__aenter__()  # which never waits
+        if inner is not base:
+            top = inner
+            while top is not None and top.parent is not base:
+                top = top.parent
+            if top is not None:  # else the step's scopes are misnested already: left as they are
+                ours = task._cancel_status
+                ours.parent = base
+                top.parent = ours
+                task._activate_cancel_status(inner)
+        nurseries = task._child_nurseries
+        if len(nurseries) > count + 1:
+            nurseries.insert(count, nurseries.pop())
+        return nursery
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        return await self._manager.__aexit__(*exc_info)
+
+
 def _trio_holds_cancel_status() -> bool:
-    """Whether this trio keeps what `_trio_under_deadline` and `_scope_beneath` use: the
-    current task in its run context, a task's `_cancel_status`, a status's settable
-    `parent`, `Task._activate_cancel_status`."""
+    """Whether this trio keeps what `_trio_under_deadline`, `_scope_beneath` and
+    `_TrioGroupSince` use: the current task in its run context, a task's `_cancel_status`,
+    a status's settable `parent`, `Task._activate_cancel_status`, a task's list of
+    `_child_nurseries`."""
     try:
         task = trio.lowlevel.current_task()
         parent = getattr(type(task._cancel_status), "parent", None)
@@ -268,6 +325,7 @@ def _trio_holds_cancel_status() -> bool:
         and isinstance(parent, property)
         and parent.fset is not None
         and callable(getattr(task, "_activate_cancel_status", None))
+        and type(getattr(task, "_child_nurseries", None)) is list
     )
 
 
@@ -359,7 +417,7 @@ _TRIO = Primitives(
     trio.CapacityLimiter,
     trio.WouldBlock,
     _waiting,
-    _trio_under_deadline,
+    _under_scope,
 )
 
 
@@ -378,8 +436,16 @@ def _trio_clock() -> Callable[[], float]:
 def primitives() -> Primitives:
     """The running loop's primitives (see `Primitives`)."""
     if sniffio.current_async_library() == "trio":
-        eager = _trio_under_deadline if _trio_holds_cancel_status() else _under_scope
-        return attrs.evolve(_TRIO, clock=_trio_clock(), under_deadline=eager)
+        if _trio_holds_cancel_status():
+            return attrs.evolve(
+                _TRIO,
+                clock=_trio_clock(),
+                under_deadline=_trio_under_deadline,
+                eager=True,
+                mark=_trio_mark,
+                task_group_since=_TrioGroupSince,
+            )
+        return attrs.evolve(_TRIO, clock=_trio_clock(), under_deadline=_under_scope)
     return Primitives(
         "asyncio",
         asyncio.get_running_loop().time,

@@ -31,7 +31,7 @@ import operator
 import threading
 import time
 import types
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
@@ -197,12 +197,13 @@ class _Crew:
 class Executor:
     """Runs the groups of one plan. `results` is filled as calls finish (pass 3 reads it).
 
-    Timeouts: a lone call is held to its deadline as a cancel scope around it would hold
-    it (`Primitives.under_deadline`: on trio, one that returns before it first waits pays
-    for no scope at all; one that waits gets its scope then). In a concurrent group a
-    cancel scope per call would cost more than the rest of the call's overhead, so each
-    worker keeps one scope and one watchdog task per group sleeps until the earliest
-    running call's deadline and cancels just that worker. A call that starts at `s`
+    Timeouts: a call started on the batch's own task (a lone call; on trio, the calls of a
+    concurrent group until one waits, `_run_group`) is held to its deadline as a cancel
+    scope around it would hold it (`Primitives.under_deadline`: on trio, one that returns
+    before it first waits pays for no scope at all; one that waits gets its scope then).
+    On a group's workers a cancel scope per call would cost more than the rest of the
+    call's overhead, so each worker keeps one scope and one watchdog task per group sleeps
+    until the earliest running call's deadline and cancels just that worker. A call that starts at `s`
     with timeout `T` is still cancelled at exactly `s + T`: the watchdog never sleeps
     past `now + (the group's smallest timeout)`, and no call can start and end sooner.
     """
@@ -241,6 +242,9 @@ class Executor:
             self.run_by(runner)
         self._now = primitives.clock
         self._p = primitives
+        # a call's first step runs before any scope exists (trio): a concurrent group's calls
+        # start on the batch's own task, and workers start only once one of them waits
+        self._eager = primitives.eager
         self._watch = watch if watch is not None else Watch(None, DEFAULT_BLOCK_THRESHOLD)
         ops = self._watch.slot_ops  # made once a limiter: replay makes an executor a batch
         if ops is None or ops[0] is not limiter or ops[4] is not primitives.waiting:
@@ -326,15 +330,17 @@ class Executor:
                     if self._nested:
                         await self._worker(collections.deque([calls[i] for i in group]), _Slot(watched=False))
                     elif len(group) == 1:
-                        # `_worker`'s steps for one call, without its queue: most batches are one call
-                        planned = calls[group[0]]
-                        plain = self._plain and planned.tool is not None and planned.tool.is_async
+                        # started on this task (`_first_steps`), else `_worker`'s steps for one
+                        # call, without a worker: most batches are one call
+                        todo = collections.deque((calls[group[0]],))
                         running_on = _RUNNING_ON.set(_Holder(self._limiter))
                         try:
-                            if not (plain and await self._run_alone(planned)):
+                            if self._plain and (step := self._first_steps(todo)) is not None:
+                                await step
+                            if todo:  # left to the usual way: not async, or no slot free at once
                                 if alone is None:
                                     alone = _Slot(watched=False)
-                                await self._run_call(planned, alone)
+                                await self._run_call(todo[0], alone)
                         finally:
                             _RUNNING_ON.reset(running_on)
                     else:
@@ -370,19 +376,57 @@ class Executor:
         return tuple(rest)
 
     async def _run_group(self, group: list[PlannedCall]) -> None:
-        tools = list(map(_TOOL, group))
+        """Run a concurrent group. Where a call's first step runs before any scope exists
+        (`_eager`) and nothing but the handler runs between a call's start and its result,
+        the batch's own task starts the calls in turn, each as a call run alone starts,
+        while a slot is free at once: most calls return in their first step, and a group
+        of them costs no task and no task group. Once one waits, the task group opens, as
+        if before that call started, and workers start in it for the calls after it (one
+        slot fewer: this task goes on as the last of them once its call is over); a call
+        that is not async, or finds no slot free, is left to the workers."""
+        todo = collections.deque(group)
+        if self._eager and self._plain:
+            mark = self._p.mark()
+            running_on = _RUNNING_ON.set(_Holder(self._limiter))
+            try:
+                step = self._first_steps(todo)
+                if step is not None:
+                    async with self._p.task_group_since(mark) as nursery:
+                        spare = self._limiter.total_tokens - 1  # the slots besides this task's
+                        crew = (
+                            self._crew(nursery, todo, int(min(len(todo), spare)))
+                            if todo and spare >= 1
+                            else None
+                        )
+                        while step is not None:
+                            await step
+                            step = self._first_steps(todo)
+                        if todo and crew is None:
+                            self._crew(nursery, todo, len(todo))
+                    return
+            finally:
+                _RUNNING_ON.reset(running_on)
+            if not todo:
+                return
+        async with self._p.task_group() as nursery:
+            self._crew(nursery, todo, len(todo))
+
+    def _crew(self, nursery: Any, todo: collections.deque[PlannedCall], most: int) -> _Crew:
+        """Start the workers of `todo` in `nursery`: one now, and a supervisor that adds
+        more, up to `most` (and the limit), as the running ones let go of the loop."""
+        tools = list(map(_TOOL, todo))
         crew = _Crew(
             done=self._p.event(),
-            todo=collections.deque(group),
-            most=max(1, int(min(len(group), self._limiter.total_tokens))),
+            todo=todo,
+            most=max(1, int(min(most, self._limiter.total_tokens))),
             # asked once a tool (told apart by identity, in one pass without a frame a call):
             # a batch is mostly calls of a few
             shortest=min(map(self._tool_timeout, dict(zip(map(id, tools), tools, strict=True)).values())),
+            nursery=nursery,
         )
-        async with self._p.task_group() as nursery:
-            crew.nursery = nursery
-            self._add_worker(crew)
-            nursery.start_soon(self._supervise, crew)
+        self._add_worker(crew)
+        nursery.start_soon(self._supervise, crew)
+        return crew
 
     def _add_worker(self, crew: _Crew) -> None:
         slot = _Slot(watched=True)
@@ -713,49 +757,102 @@ class Executor:
             if slot.cut:
                 return  # the worker's loop gives the next call a scope of its own
 
-    async def _run_alone(self, planned: PlannedCall) -> bool:
-        """`_run_call` of an async tool run alone, when nothing but the handler runs between
-        a call's start and its result and a limiter slot is free at once: the same steps in
-        one frame (most batches are one such call). False, with nothing done, when no slot
-        is free: the call goes the usual way, which waits for one."""
-        if self._deadline is not None and self._now() >= self._deadline:
-            return False  # the usual way says so
-        borrower = object()
-        if not self._take(borrower):
-            return False
-        tool = planned.tool
-        assert tool is not None
-        timeout = self._timeout_of(planned)
-        ctx = new_context(planned.call_id, planned.name, *self._context)
-        index = planned.index
-        holding = self._holding
-        self.started.add(index)
-        started = time.time()
-        t0 = time.monotonic()
-        holding[borrower] = (planned, t0, timeout)
-        deadline = math.inf
+    def _first_steps(self, todo: collections.deque[PlannedCall]) -> Coroutine[Any, Any, None] | None:
+        """`_run_call` of the async tools' calls at the front of `todo`, on this task, when
+        nothing but the handler runs between a call's start and its result, as far as the
+        first that waits: each taken from `todo` as it starts, the handler's first step run
+        before any scope exists (`under_deadline`); one slot of the limiter taken for them
+        and kept from call to call while nobody waits for one. Returns what finishes the
+        call that waited (it has the slot), to await on this task; None once the calls are
+        done, or the next is one to leave to the usual way (not async, no slot free at once,
+        or the run's deadline passed, which it says)."""
+        # few locals made before the first call: most groups of them are a lone call
+        holding, now = self._holding, self._now
+        borrower: object | None = None
         try:
-            awaitable = tool.tool.handler(planned.args, ctx)
-            deadline = self._now() + timeout
-            if type(awaitable) is types.CoroutineType:
-                value, rest = self._p.under_deadline(awaitable, deadline)
-                late = False
-                if rest is not None:
-                    value, late = await rest
+            while todo:
+                planned = todo[0]
+                # the fields read at once (a named tuple's field read by name is the generic lookup)
+                index, call_id, name, args, tool, _, _, _, _, _, _, _, _, _ = planned
+                if (
+                    tool is None
+                    or not tool.is_async
+                    or (self._deadline is not None and now() >= self._deadline)
+                ):
+                    return None
+                if borrower is None:
+                    borrower = object()
+                    if not self._take(borrower):
+                        borrower = None
+                        return None
+                todo.popleft()
+                spec = tool.tool
+                timeout = spec.timeout or self._timeout
+                ctx = new_context(call_id, name, *self._context)
+                self.started.add(index)
+                started = time.time()
+                t0 = time.monotonic()
+                holding[borrower] = (planned, t0, timeout)
+                until = math.inf
+                try:
+                    awaitable = spec.handler(args, ctx)
+                    until = now() + timeout
+                    if type(awaitable) is types.CoroutineType:
+                        value, left = self._p.under_deadline(awaitable, until)
+                        if left is not None:
+                            kept, borrower = borrower, None  # the rest gives it back
+                            return self._rest(planned, left, None, kept, timeout, started, t0, until)
+                    else:  # an awaitable that is no coroutine: awaited in a scope of its own
+                        kept, borrower = borrower, None
+                        return self._rest(planned, None, awaitable, kept, timeout, started, t0, until)
+                    if now() >= until:  # it returned after its deadline, never having waited
+                        self.results[index] = self._timed_out(planned, timeout, started, t0)
+                    else:
+                        self.results[index] = self._returned(planned, value, timeout, started, t0, True)
+                except BaseException as exc:
+                    self._land_raised(planned, None, exc, started, t0, until)
+                value = None  # let go before the next call runs, as a frame a call would
+                if self._waiting_now():  # somebody waits for a slot: this one is theirs
+                    del holding[borrower]
+                    self._give(borrower)
+                    borrower = None
+            return None
+        finally:
+            if borrower is not None:
+                del holding[borrower]
+                self._give(borrower)
+
+    async def _rest(
+        self,
+        planned: PlannedCall,
+        left: Awaitable[tuple[Any, bool]] | None,
+        awaitable: Any,
+        borrower: object,
+        seconds: float,
+        started: float,
+        t0: float,
+        deadline: float,
+    ) -> None:
+        """The rest of a call `_first_step` started: `left`, what `under_deadline` left of
+        it, or else `awaitable`, one that is no coroutine, in a scope of its deadline;
+        `seconds`, its timeout."""
+        index = planned.index
+        try:
+            if left is not None:
+                value, late = await left
             else:
                 with self._p.cancel_scope(deadline=deadline) as scope:
                     value = await awaitable
                 late = scope.cancelled_caught
             if late or self._now() >= deadline:  # cut short, or it swallowed that and returned after
-                self.results[index] = self._timed_out(planned, timeout, started, t0)
+                self.results[index] = self._timed_out(planned, seconds, started, t0)
             else:
-                self.results[index] = self._returned(planned, value, timeout, started, t0, True)
+                self.results[index] = self._returned(planned, value, seconds, started, t0, True)
         except BaseException as exc:
             self._land_raised(planned, None, exc, started, t0, deadline)
         finally:
-            del holding[borrower]
+            del self._holding[borrower]
             self._give(borrower)
-        return True
 
     def _returned(
         self, planned: PlannedCall, value: Any, timeout: float, started: float, t0: float, is_async: bool
@@ -813,7 +910,7 @@ class Executor:
     ) -> ToolResult:
         """The result of a handler that raised `exc`: ordinary failures become results; run
         control and cancellation raise again (a tool's KeyboardInterrupt as itself). Only a
-        cancellation leaves `slot` (None: a call run alone by `_run_alone`) saying what
+        cancellation leaves `slot` (None: a call started by `_first_steps`) saying what
         runs, for the worker that reports the timeout. A cancellation is the call's when
         its slot was cut or the task is being cancelled; else, past the call's `deadline`
         (its own scope's), its timeout, however it took the cut; else a cancellation the
@@ -999,7 +1096,9 @@ class _Holder:
         return self._lock
 
 
-_INVOKE = frozenset(f.__code__ for f in (Executor._invoke, Executor._run_kept, Executor._run_alone))
+_INVOKE = frozenset(
+    f.__code__ for f in (Executor._invoke, Executor._run_kept, Executor._first_steps, Executor._rest)
+)
 """What `_culprit` looks for on the loop thread's stack: the frames a handler runs under,
 each with the call (`planned`) and when it started (`t0`)."""
 

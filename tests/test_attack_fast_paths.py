@@ -228,15 +228,18 @@ async def _outcome(d: Dispatcher, names: list[str]) -> tuple[Any, ...]:
     return got, tuple((e.call_id, e.result.status.value, e.result.content) for e in s.history)
 
 
+@pytest.mark.parametrize("limit", [1, 2])
 @pytest.mark.parametrize("concurrent", [True, False])
 @pytest.mark.parametrize("name", list(HANDLERS))
-async def test_the_fast_paths_answer_as_the_general_one(name: str, concurrent: bool) -> None:
-    """A lone call (`_run_alone`) and a worker's kept-slot call (`_run_kept`, a limit of 1 and
-    a call before it) give what the general path gives (a hook that does nothing forces it);
-    calls that are not concurrent each run alone, in groups of their own."""
+async def test_the_fast_paths_answer_as_the_general_one(name: str, concurrent: bool, limit: int) -> None:
+    """A call started on the batch's task (`_first_steps`, then `_rest` once it waited: run
+    alone, or in a group at a limit of 1) and a worker's kept-slot call (`_run_kept`: a limit
+    of 2 and a call before it that waits, beside which a worker starts) give what the
+    general path gives (a hook that does nothing forces it); calls that are not concurrent
+    each run alone, in groups of their own."""
     registry = _fast_registry(concurrent=concurrent)
-    fast = Dispatcher(registry, max_concurrent=1, max_output_bytes=2000)
-    general = Dispatcher(registry, max_concurrent=1, max_output_bytes=2000, hooks=[_Nothing()])
+    fast = Dispatcher(registry, max_concurrent=limit, max_output_bytes=2000)
+    general = Dispatcher(registry, max_concurrent=limit, max_output_bytes=2000, hooks=[_Nothing()])
     for names in ([name], ["fine", name], ["fine", name, "fine"]):
         assert await _outcome(fast, names) == await _outcome(general, names), names
 

@@ -1,8 +1,9 @@
-"""Pass 2's kept-slot loop (`Executor._run_kept`, which runs call after call of a worker
-that keeps its limiter slot in one frame) answers as the general path does, for every
-sequence of calls: ones that never give up the loop, ones that do, sync tools between
-them, failures, run control, timeouts, repeated ids, `run_tool`, and what each handler
-is told in its ToolContext."""
+"""Pass 2's kept-slot loops (`Executor._first_steps`, which starts call after call on the
+batch's own task, and `Executor._run_kept`, which runs call after call of a worker; each
+keeps its limiter slot from call to call in one frame) answer as the general path does,
+for every sequence of calls: ones that never give up the loop, ones that do, sync tools
+between them, failures, run control, timeouts, repeated ids, `run_tool`, and what each
+handler is told in its ToolContext."""
 
 from __future__ import annotations
 
@@ -151,8 +152,8 @@ def test_the_kept_loop_answers_as_the_general_path(
 
 @pytest.mark.parametrize("limit", [1, 2, 5])
 def test_a_long_batch_of_quick_calls_runs_on_one_kept_slot(limit: int) -> None:
-    """Calls that never give up the loop are run one after the other by the first worker,
-    each told its own id and name, all on the slot it keeps."""
+    """Calls that never give up the loop are run one after the other on the batch's own
+    task, each told its own id and name, all on the slot it keeps."""
 
     async def main() -> None:
         d = Dispatcher(_REGISTRY, max_concurrent=limit)
