@@ -237,22 +237,21 @@ def _trio_under_deadline(
     except StopIteration as done:
         return done.value, None
     if task._cancel_status is base:
-        return None, _trio_in_scope(coro, yielded, deadline)
-    return None, _trio_beneath(coro, yielded, _scope_beneath(task, base, deadline))
+        return None, _rest_in(coro, yielded, trio.CancelScope(deadline=deadline))
+    return None, _rest_beneath(coro, yielded, _scope_beneath(task, base, deadline))
 
 
-async def _trio_in_scope(coro: Coroutine[Any, Any, Any], yielded: Any, deadline: float) -> tuple[Any, bool]:
-    """The rest of a call whose first step left no scope open, in a scope of `deadline`."""
-    with trio.CancelScope(deadline=deadline) as scope:
+async def _rest_in(coro: Coroutine[Any, Any, Any], yielded: Any, scope: Any) -> tuple[Any, bool]:
+    """The rest of a call whose first step left no scope open, in `scope` (a cancel scope of
+    its deadline, entered now)."""
+    with scope:
         return await _resume(coro, yielded), False
     return None, scope.cancelled_caught
 
 
-async def _trio_beneath(
-    coro: Coroutine[Any, Any, Any], yielded: Any, beneath: trio.CancelScope | None
-) -> tuple[Any, bool]:
-    """The rest of a call whose first step left scopes open, in the scope `_scope_beneath`
-    entered beneath them."""
+async def _rest_beneath(coro: Coroutine[Any, Any, Any], yielded: Any, beneath: Any) -> tuple[Any, bool]:
+    """The rest of a call whose first step left scopes open, in the scope entered beneath
+    them (`_scope_beneath`, `_anyio_beneath`)."""
     if beneath is None:  # pragma: no cover - a first step that left its own scopes misnested
         return await _resume(coro, yielded), False
     try:
@@ -307,6 +306,131 @@ class _TrioGroupSince:
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         return await self._manager.__aexit__(*exc_info)
+
+
+def _anyio_asyncio() -> Any:
+    """anyio's asyncio backend, where it keeps what `_asyncio_under_deadline`,
+    `_anyio_beneath` and `_AsyncioGroupSince` use (each task's anyio state in `_task_states`,
+    its `cancel_scope`; a scope's `_parent_scope`, `_child_scopes`, `_tasks`; a task
+    group's `cancel_scope`), else None: then first steps are not run at once there."""
+    try:
+        from anyio._backends import _asyncio as backend
+    except ImportError:  # pragma: no cover - not this anyio
+        return None
+    scope = getattr(backend, "CancelScope", None)
+    state = getattr(backend, "TaskState", None)
+    group = getattr(backend, "TaskGroup", None)
+    if (
+        scope is None
+        or state is None
+        or group is None
+        or not isinstance(getattr(backend, "_task_states", None), weakref.WeakKeyDictionary)
+        or not isinstance(getattr(backend._task_states, "data", None), dict)
+        or not {"_parent_scope", "_child_scopes", "_tasks"} <= set(getattr(scope, "__slots__", ()))
+        or "cancel_scope" not in getattr(state, "__slots__", ())
+    ):
+        return None  # pragma: no cover - not this anyio
+    return backend
+
+
+_ANYIO_ASYNCIO = _anyio_asyncio()
+
+
+def _anyio_beneath(task: Any, base: Any, scope: Any) -> bool:
+    """Move anyio's `scope`, just entered on asyncio `task` (innermost), beneath the scopes
+    the task entered since its cancel scope was `base` (a call's first step) and left open:
+    between `base` and the outermost of them, the task still in the innermost, so that
+    theirs close first and it after, and its cancellation reaches theirs as from an outer
+    scope. False, with nothing moved, if they do not lead back to `base`."""
+    inner = scope._parent_scope
+    top = inner
+    while top is not None and top._parent_scope is not base:
+        top = top._parent_scope
+    if top is None:
+        return False
+    inner._child_scopes.discard(scope)
+    scope._parent_scope = base
+    if base is not None:
+        base._child_scopes.discard(top)
+        base._child_scopes.add(scope)
+    top._parent_scope = scope
+    scope._child_scopes.add(top)
+    scope._tasks.discard(task)
+    inner._tasks.add(task)
+    _ANYIO_ASYNCIO._task_states[task].cancel_scope = inner
+    return True
+
+
+# asyncio's running task, without `current_task`'s frame where it has one (Python 3.11):
+# the loop's entry in the tasks asyncio runs now
+_RUNNING_TASKS: dict[Any, Any] | None = getattr(asyncio.tasks, "_current_tasks", None)
+if not isinstance(_RUNNING_TASKS, dict):  # pragma: no cover - another Python's asyncio
+    _RUNNING_TASKS = None
+
+
+def _asyncio_task() -> Any:
+    if _RUNNING_TASKS is None:  # pragma: no cover - another Python's asyncio
+        return asyncio.current_task()
+    return _RUNNING_TASKS.get(asyncio.get_running_loop())
+
+
+def _asyncio_scope(task: Any) -> Any:
+    """The anyio cancel scope asyncio `task` is in (None: none, or not known to anyio); read
+    from the weak dictionary's own dict, for less than its `get`."""
+    state = _ANYIO_ASYNCIO._task_states.data.get(weakref.ref(task))
+    return None if state is None else state.cancel_scope
+
+
+def _asyncio_under_deadline(
+    coro: Coroutine[Any, Any, Any], deadline: float
+) -> tuple[Any, Awaitable[tuple[Any, bool]] | None]:
+    """`under_deadline` on asyncio, as `_trio_under_deadline` on trio: the first step runs
+    here, before any scope exists; a call that suspended gets its anyio scope then, beneath
+    any its first step entered and left open. (The task's scope is read in line: this is
+    every call's.)"""
+    task = _RUNNING_TASKS.get(asyncio.get_running_loop()) if _RUNNING_TASKS is not None else _asyncio_task()
+    state = _ANYIO_ASYNCIO._task_states.data.get(weakref.ref(task))
+    base = None if state is None else state.cancel_scope
+    try:
+        yielded = coro.send(None)
+    except StopIteration as done:
+        return done.value, None
+    scope = anyio.CancelScope(deadline=deadline)
+    if _asyncio_scope(task) is base:
+        return None, _rest_in(coro, yielded, scope)
+    scope.__enter__()
+    if not _anyio_beneath(task, base, scope):  # pragma: no cover - a first step's own misnesting
+        scope.__exit__(None, None, None)
+        return None, _rest_beneath(coro, yielded, None)
+    return None, _rest_beneath(coro, yielded, scope)
+
+
+def _asyncio_mark() -> tuple[Any, Any]:
+    """Where the running asyncio task stands: the anyio scope it is in (`_AsyncioGroupSince`)."""
+    task = _asyncio_task()
+    return task, _asyncio_scope(task)
+
+
+class _AsyncioGroupSince:
+    """anyio's task group on asyncio, opened as if at `mark` (`_asyncio_mark`): its scope
+    goes beneath the scopes the task entered since and left open (`_anyio_beneath`), as
+    `_TrioGroupSince` on trio."""
+
+    __slots__ = ("_group", "_mark")
+
+    def __init__(self, mark: tuple[Any, Any]) -> None:
+        self._mark = mark
+        self._group = anyio.create_task_group()
+
+    async def __aenter__(self) -> anyio.abc.TaskGroup:
+        task, base = self._mark
+        group = await self._group.__aenter__()  # which never waits
+        if _asyncio_scope(task) is not group.cancel_scope or group.cancel_scope._parent_scope is not base:
+            _anyio_beneath(task, base, group.cancel_scope)
+        return group
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        return await self._group.__aexit__(*exc_info)
 
 
 def _trio_holds_cancel_status() -> bool:
@@ -397,11 +521,15 @@ def slot_ops(
 
 
 def waiting_on(limiter: Any, waiting: Callable[[Any], int]) -> Callable[[], int]:
-    """`waiting(limiter)` as a call of nothing: on a trio CapacityLimiter, counted by the
-    length of its parking lot's waiters (as `_waiting` counts them) without a frame."""
+    """`waiting(limiter)` as a call of nothing: on a trio CapacityLimiter (or anyio's on
+    asyncio), counted by the length of its parking lot's waiters (its wait queue) as
+    `_waiting` counts them, without a frame."""
     if waiting is _waiting and _trio_layout(limiter):
         parked: collections.OrderedDict[Any, None] = limiter._lot._parked
         return parked.__len__
+    if waiting is _waiting and type(getattr(limiter, "_wait_queue", None)) is collections.OrderedDict:
+        queued: collections.OrderedDict[Any, Any] = limiter._wait_queue  # anyio's on asyncio, made once
+        return queued.__len__
     return functools.partial(waiting, limiter)
 
 
@@ -433,6 +561,15 @@ def _trio_clock() -> Callable[[], float]:
     return lambda: offset + now()
 
 
+def _asyncio_clock() -> Callable[[], float]:
+    """The running loop's `time`, or `time.monotonic` itself where that is all it does (the
+    base event loop's), without its frame; a loop with a clock of its own is asked as usual."""
+    loop = asyncio.get_running_loop()
+    if getattr(type(loop), "time", None) is asyncio.BaseEventLoop.time:
+        return time.monotonic
+    return loop.time
+
+
 def primitives() -> Primitives:
     """The running loop's primitives (see `Primitives`)."""
     if sniffio.current_async_library() == "trio":
@@ -446,9 +583,9 @@ def primitives() -> Primitives:
                 task_group_since=_TrioGroupSince,
             )
         return attrs.evolve(_TRIO, clock=_trio_clock(), under_deadline=_under_scope)
-    return Primitives(
+    made = Primitives(
         "asyncio",
-        asyncio.get_running_loop().time,
+        _asyncio_clock(),
         anyio.CancelScope,
         anyio.move_on_after,
         anyio.Event,
@@ -460,6 +597,15 @@ def primitives() -> Primitives:
         _waiting,
         _under_scope,
     )
+    if _ANYIO_ASYNCIO is not None:
+        return attrs.evolve(
+            made,
+            under_deadline=_asyncio_under_deadline,
+            eager=True,
+            mark=_asyncio_mark,
+            task_group_since=_AsyncioGroupSince,
+        )
+    return made
 
 
 async def wait_readable(fd: int) -> None:
