@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import functools
 import logging
 import math
@@ -146,12 +147,15 @@ class Primitives:
     waiting: Callable[[Any], int]
     """How many tasks wait for a slot of a limiter (of any kind), cheaply."""
     under_deadline: Callable[
-        [Coroutine[Any, Any, Any], float], tuple[Any, Awaitable[tuple[Any, bool]] | None]
+        [Coroutine[Any, Any, Any], float, contextvars.Context],
+        tuple[Any, Awaitable[tuple[Any, bool]] | None],
     ]
-    """`under_deadline(coro, deadline)` starts awaiting `coro` as `with cancel_scope(deadline=
-    deadline)` around it would: `(its value, None)` if it returned before it first waited
-    (on trio; nothing is left to await, and no scope could have cut it short), else
-    `(None, rest)`, where `await rest` is (its value, whether the scope cut it short)."""
+    """`under_deadline(coro, deadline, context)` starts awaiting `coro` as `with
+    cancel_scope(deadline=deadline)` around it would, each of its steps run in `context`
+    (a call's own copy of the batch's, as a task of its own would have): `(its value,
+    None)` if it returned before it first waited (where first steps run at once, `eager`;
+    nothing is left to await, and no scope could have cut it short), else `(None, rest)`,
+    where `await rest` is (its value, whether the scope cut it short)."""
     eager: bool = False
     """Whether `under_deadline` runs a call's first step at once, before any scope exists."""
     mark: Callable[[], Any] = lambda: None
@@ -163,36 +167,53 @@ class Primitives:
     do not run at once (not `eager`), nothing ran since: a task group as it reads."""
 
 
-async def _scoped(coro: Coroutine[Any, Any, Any], deadline: float) -> tuple[Any, bool]:
+async def _scoped(
+    coro: Coroutine[Any, Any, Any], deadline: float, context: contextvars.Context
+) -> tuple[Any, bool]:
     """The coroutine inside a cancel scope: (its value, whether the scope cut it short)."""
     with anyio.CancelScope(deadline=deadline) as scope:
-        return await coro, False
+        return await _from_start(coro, context), False
     return None, scope.cancelled_caught
 
 
-def _under_scope(coro: Coroutine[Any, Any, Any], deadline: float) -> tuple[None, Awaitable[tuple[Any, bool]]]:
+def _under_scope(
+    coro: Coroutine[Any, Any, Any], deadline: float, context: contextvars.Context
+) -> tuple[None, Awaitable[tuple[Any, bool]]]:
     """`under_deadline` as it reads: everything is left to await, in a cancel scope."""
-    return None, _scoped(coro, deadline)
+    return None, _scoped(coro, deadline, context)
 
 
 @types.coroutine
-def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any, Any]:
+def _from_start(coro: Coroutine[Any, Any, Any], context: contextvars.Context) -> Generator[Any, Any, Any]:
+    """`await coro`, each step run in `context`."""
+    try:
+        yielded = context.run(coro.send, None)
+    except StopIteration as done:
+        return done.value
+    return (yield from _resume(coro, yielded, context))
+
+
+@types.coroutine
+def _resume(
+    coro: Coroutine[Any, Any, Any], yielded: Any, context: contextvars.Context
+) -> Generator[Any, Any, Any]:
     """What `await coro` does once its first step has yielded `yielded` (PEP 380's
-    `yield from`, spelt out): every value goes up to the loop, every answer down."""
+    `yield from`, spelt out), each step run in `context`: every value goes up to the loop,
+    every answer down."""
     while True:
         try:
             sent = yield yielded
         except GeneratorExit:
-            coro.close()
+            context.run(coro.close)
             raise
         except BaseException as exc:
             try:
-                yielded = coro.throw(exc)
+                yielded = context.run(coro.throw, exc)
             except StopIteration as done:
                 return done.value
         else:
             try:
-                yielded = coro.send(sent)
+                yielded = context.run(coro.send, sent)
             except StopIteration as done:
                 return done.value
 
@@ -221,7 +242,7 @@ def _scope_beneath(task: Any, base: Any, deadline: float) -> trio.CancelScope | 
 
 
 def _trio_under_deadline(
-    coro: Coroutine[Any, Any, Any], deadline: float
+    coro: Coroutine[Any, Any, Any], deadline: float, context: contextvars.Context
 ) -> tuple[Any, Awaitable[tuple[Any, bool]] | None]:
     """`under_deadline` on trio, where a cancel scope costs more than a quick call: the
     call's first step runs here, before any scope exists, and a call that returns in it (it
@@ -233,29 +254,33 @@ def _trio_under_deadline(
     task = _TRIO_RUN.task  # `current_task()` without its frame (see `_trio_holds_cancel_status`)
     base = task._cancel_status
     try:
-        yielded = coro.send(None)
+        yielded = context.run(coro.send, None)
     except StopIteration as done:
         return done.value, None
     if task._cancel_status is base:
-        return None, _rest_in(coro, yielded, trio.CancelScope(deadline=deadline))
-    return None, _rest_beneath(coro, yielded, _scope_beneath(task, base, deadline))
+        return None, _rest_in(coro, yielded, trio.CancelScope(deadline=deadline), context)
+    return None, _rest_beneath(coro, yielded, _scope_beneath(task, base, deadline), context)
 
 
-async def _rest_in(coro: Coroutine[Any, Any, Any], yielded: Any, scope: Any) -> tuple[Any, bool]:
+async def _rest_in(
+    coro: Coroutine[Any, Any, Any], yielded: Any, scope: Any, context: contextvars.Context
+) -> tuple[Any, bool]:
     """The rest of a call whose first step left no scope open, in `scope` (a cancel scope of
     its deadline, entered now)."""
     with scope:
-        return await _resume(coro, yielded), False
+        return await _resume(coro, yielded, context), False
     return None, scope.cancelled_caught
 
 
-async def _rest_beneath(coro: Coroutine[Any, Any, Any], yielded: Any, beneath: Any) -> tuple[Any, bool]:
+async def _rest_beneath(
+    coro: Coroutine[Any, Any, Any], yielded: Any, beneath: Any, context: contextvars.Context
+) -> tuple[Any, bool]:
     """The rest of a call whose first step left scopes open, in the scope entered beneath
     them (`_scope_beneath`, `_anyio_beneath`)."""
     if beneath is None:  # pragma: no cover - a first step that left its own scopes misnested
-        return await _resume(coro, yielded), False
+        return await _resume(coro, yielded, context), False
     try:
-        value = await _resume(coro, yielded)
+        value = await _resume(coro, yielded, context)
     except BaseException as exc:
         if beneath.__exit__(type(exc), exc, exc.__traceback__):
             return None, True
@@ -382,7 +407,7 @@ def _asyncio_scope(task: Any) -> Any:
 
 
 def _asyncio_under_deadline(
-    coro: Coroutine[Any, Any, Any], deadline: float
+    coro: Coroutine[Any, Any, Any], deadline: float, context: contextvars.Context
 ) -> tuple[Any, Awaitable[tuple[Any, bool]] | None]:
     """`under_deadline` on asyncio, as `_trio_under_deadline` on trio: the first step runs
     here, before any scope exists; a call that suspended gets its anyio scope then, beneath
@@ -392,17 +417,17 @@ def _asyncio_under_deadline(
     state = _ANYIO_ASYNCIO._task_states.data.get(weakref.ref(task))
     base = None if state is None else state.cancel_scope
     try:
-        yielded = coro.send(None)
+        yielded = context.run(coro.send, None)
     except StopIteration as done:
         return done.value, None
     scope = anyio.CancelScope(deadline=deadline)
     if _asyncio_scope(task) is base:
-        return None, _rest_in(coro, yielded, scope)
+        return None, _rest_in(coro, yielded, scope, context)
     scope.__enter__()
     if not _anyio_beneath(task, base, scope):  # pragma: no cover - a first step's own misnesting
         scope.__exit__(None, None, None)
-        return None, _rest_beneath(coro, yielded, None)
-    return None, _rest_beneath(coro, yielded, scope)
+        return None, _rest_beneath(coro, yielded, None, context)
+    return None, _rest_beneath(coro, yielded, scope, context)
 
 
 def _asyncio_mark() -> tuple[Any, Any]:

@@ -401,8 +401,12 @@ class Executor:
                         while step is not None:
                             await step
                             step = self._first_steps(todo)
-                        if todo and crew is None:
-                            self._crew(nursery, todo, len(todo))
+                        if todo:  # the next is the workers' (not async, or no slot free at once)
+                            if crew is None or crew.done.is_set():
+                                self._crew(nursery, todo, len(todo))
+                            else:  # theirs is this task's slot too: one more of them takes it
+                                crew.most += 1
+                                self._add_worker(crew)
                     return
             finally:
                 _RUNNING_ON.reset(running_on)
@@ -497,8 +501,22 @@ class Executor:
                 except BaseException as exc:
                     # the watchdog's cut, which the tool took and raised anew as a cancellation
                     # of its own (asyncio's scope lets through a CancelledError it did not make)
-                    if not (slot.cut and _is_cancellation(exc) and not _backend.cancellation_pending()):
+                    if not slot.cut or _backend.cancellation_pending():
                         raise
+                    cut = slot.running
+                    if not _is_cancellation(exc):
+                        # what the cut call raised beside the cut (its own tasks' failures), the
+                        # cut taken off by the scope: that call's result, as on the batch's task
+                        if cut is None or slot.ctx is None:
+                            raise
+                        slot.running = None
+                        try:
+                            result = self._raised(cut, None, exc, slot.started, slot.t0)
+                        except (HookBlocked, DispatchInterrupted, KeyboardInterrupt) as control:
+                            self._land_raised(cut, None, control, slot.started, slot.t0)
+                            continue
+                        await self._finish(cut, result, slot.ctx)
+                        continue
                 # only the watchdog cancels this scope: the running call timed out
                 timed_out = slot.running
                 if timed_out is not None and slot.ctx is not None:
@@ -679,8 +697,8 @@ class Executor:
                 awaitable = self._start(planned, ctx, args, borrower, timeout)
                 if type(awaitable) is types.CoroutineType:
                     # a handler's coroutine (or a runner's), held to its deadline without a
-                    # cancel scope of its own while it never waits
-                    value, rest = self._p.under_deadline(awaitable, deadline)
+                    # cancel scope of its own while it never waits; in a context of its own
+                    value, rest = self._p.under_deadline(awaitable, deadline, contextvars.copy_context())
                     late = False
                     if rest is not None:
                         value, late = await rest
@@ -798,7 +816,9 @@ class Executor:
                     awaitable = spec.handler(args, ctx)
                     until = now() + timeout
                     if type(awaitable) is types.CoroutineType:
-                        value, left = self._p.under_deadline(awaitable, until)
+                        # in a copy of the batch's context, as a task of its own would run: what
+                        # it sets reaches neither the calls after it nor the caller
+                        value, left = self._p.under_deadline(awaitable, until, contextvars.copy_context())
                         if left is not None:
                             kept, borrower = borrower, None  # the rest gives it back
                             return self._rest(planned, left, None, kept, timeout, started, t0, until)
