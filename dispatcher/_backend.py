@@ -56,6 +56,7 @@ __all__ = [
     "LoopIdentity",
     "Primitives",
     "cancellation_pending",
+    "in_own_context",
     "loop_identity",
     "loop_reader",
     "open_process",
@@ -181,6 +182,15 @@ def _under_scope(
 ) -> tuple[None, Awaitable[tuple[Any, bool]]]:
     """`under_deadline` as it reads: everything is left to await, in a cancel scope."""
     return None, _scoped(coro, deadline, context)
+
+
+def in_own_context(awaitable: Any) -> Any:
+    """`awaitable`, each step of it run in a copy of the current context when it is a
+    coroutine (a call's, as a task of its own would run it: what it sets reaches neither
+    the calls after it on the same task nor the caller)."""
+    if type(awaitable) is types.CoroutineType:
+        return _from_start(awaitable, contextvars.copy_context())
+    return awaitable
 
 
 @types.coroutine

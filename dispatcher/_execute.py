@@ -688,7 +688,7 @@ class Executor:
             if slot.watched:
                 slot.running, slot.ctx, slot.started, slot.t0 = planned, ctx, started, t0
                 slot.timeout, slot.deadline = timeout, self._now() + timeout
-                value = await self._start(planned, ctx, args, borrower, timeout)
+                value = await _backend.in_own_context(self._start(planned, ctx, args, borrower, timeout))
                 slot.idle()
                 if slot.cut and tool.is_async:  # the watchdog cut it at its deadline; it swallowed that
                     return self._timed_out(planned, timeout, started, t0)
@@ -758,7 +758,7 @@ class Executor:
             slot.running, slot.ctx, slot.started, slot.t0 = planned, ctx, started, t0
             slot.timeout, slot.deadline = timeout, now() + timeout
             try:
-                value = await spec.handler(args, ctx)
+                value = await _backend.in_own_context(spec.handler(args, ctx))
                 slot.running, slot.deadline = None, _INF  # slot.idle()
                 if slot.cut:  # the watchdog cut it at its deadline, and it swallowed that
                     results[index] = self._timed_out(planned, timeout, started, t0)

@@ -182,6 +182,28 @@ async def test_a_contextvar_set_in_a_first_step_reaches_neither_sibling_nor_call
     assert fast == general
 
 
+@pytest.mark.parametrize("limit", [1, 2, 3])
+async def test_a_contextvar_set_by_a_call_on_a_worker_reaches_not_its_next_call(
+    autojump_clock: Any, limit: int
+) -> None:
+    """A nap on the batch's task, then a setter and readers, which land on a worker one
+    after another (limit 2), on the batch's task after its nap (limit 1) or spread: each
+    reader sees the caller's value, on the fast path and the general one alike."""
+
+    async def body(d: Dispatcher) -> Any:
+        token = VAR.set("caller")
+        try:
+            results = await checked(d, calls("nap", "setter", "reader", "reader"))
+            return outcome(results), VAR.get()
+        finally:
+            VAR.reset(token)
+
+    (fast, _), (general, _) = await both(body, nap, setter, reader, limit=limit)
+    assert fast == general
+    assert [content for _, _, content in fast[0]][1:] == ["set c1", "read caller", "read caller"]
+    assert fast[1] == "caller"
+
+
 async def test_a_contextvar_set_by_a_lone_call_stays_its_own(autojump_clock: Any) -> None:
     """A lone call that sets a context variable, before it first waits and after: the caller
     reads its own value after the dispatch, and the next batch's call sees the caller's."""
