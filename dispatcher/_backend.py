@@ -160,7 +160,12 @@ class Primitives:
     eager: bool = False
     """Whether `under_deadline` runs a call's first step at once, before any scope exists."""
     mark: Callable[[], Any] = lambda: None
-    """Where the running task stands now, for `task_group_since`."""
+    """Where the running task stands now, for `task_group_since` and `lost_cancel`."""
+    lost_cancel: Callable[[Any], BaseException | None] = lambda mark: None
+    """`lost_cancel(mark)`: a cancellation to raise when the task was cancelled since `mark`
+    and a call on it swallowed that (asyncio delivers a cancellation once, where trio's
+    stays until its scope is left), else None: the batch is cancelled as it would have
+    been had that call run on a task of its own."""
     task_group_since: Callable[[Any], Any] = lambda mark: anyio.create_task_group()
     """`task_group_since(mark)`: an `async with` task group, opened as if at `mark` (where
     the task stood before a call's first step): beneath the cancel scopes and task groups
@@ -211,21 +216,23 @@ def _resume(
     `yield from`, spelt out), each step run in `context`: every value goes up to the loop,
     every answer down."""
     while True:
+        thrown: BaseException | None = None
         try:
             sent = yield yielded
         except GeneratorExit:
             context.run(coro.close)
             raise
         except BaseException as exc:
-            try:
-                yielded = context.run(coro.throw, exc)
-            except StopIteration as done:
-                return done.value
-        else:
-            try:
+            thrown = exc  # thrown in once out of this block, as `yield from` throws it: what
+            # the coroutine raises then must not be chained to it (anyio reads that chain)
+        try:
+            if thrown is None:
                 yielded = context.run(coro.send, sent)
-            except StopIteration as done:
-                return done.value
+            else:
+                yielded = context.run(coro.throw, thrown)
+                thrown = None
+        except StopIteration as done:
+            return done.value
 
 
 @trio.lowlevel.enable_ki_protection  # as trio guards its own scopes: no Ctrl-C halfway through the move
@@ -440,10 +447,19 @@ def _asyncio_under_deadline(
     return None, _rest_beneath(coro, yielded, scope, context)
 
 
-def _asyncio_mark() -> tuple[Any, Any]:
-    """Where the running asyncio task stands: the anyio scope it is in (`_AsyncioGroupSince`)."""
+def _asyncio_mark() -> tuple[Any, Any, int]:
+    """Where the running asyncio task stands: the anyio scope it is in (`_AsyncioGroupSince`)
+    and the cancellations it has pending (`_asyncio_lost_cancel`)."""
     task = _asyncio_task()
-    return task, _asyncio_scope(task)
+    return task, _asyncio_scope(task), task.cancelling()
+
+
+def _asyncio_lost_cancel(mark: tuple[Any, Any, int]) -> BaseException | None:
+    """`lost_cancel` on asyncio: the task has more cancellations pending than at `mark`, a
+    call having swallowed the one delivered (an anyio scope's own are taken back as it is
+    left, so these are the caller's)."""
+    task, _, pending = mark
+    return asyncio.CancelledError() if task.cancelling() > pending else None
 
 
 class _AsyncioGroupSince:
@@ -453,12 +469,12 @@ class _AsyncioGroupSince:
 
     __slots__ = ("_group", "_mark")
 
-    def __init__(self, mark: tuple[Any, Any]) -> None:
+    def __init__(self, mark: tuple[Any, Any, int]) -> None:
         self._mark = mark
         self._group = anyio.create_task_group()
 
     async def __aenter__(self) -> anyio.abc.TaskGroup:
-        task, base = self._mark
+        task, base, _ = self._mark
         group = await self._group.__aenter__()  # which never waits
         if _asyncio_scope(task) is not group.cancel_scope or group.cancel_scope._parent_scope is not base:
             _anyio_beneath(task, base, group.cancel_scope)
@@ -639,6 +655,7 @@ def primitives() -> Primitives:
             eager=True,
             mark=_asyncio_mark,
             task_group_since=_AsyncioGroupSince,
+            lost_cancel=_asyncio_lost_cancel,
         )
     return made
 

@@ -400,6 +400,8 @@ class Executor:
                         )
                         while step is not None:
                             await step
+                            if (lost := self._p.lost_cancel(mark)) is not None:
+                                raise lost
                             step = self._first_steps(todo)
                         if todo:  # the next is the workers' (not async, or no slot free at once)
                             if crew is None or crew.done.is_set():
