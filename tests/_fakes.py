@@ -212,3 +212,41 @@ def handler_dispatcher(*handlers: Any, timeout: float = 5.0) -> Dispatcher:
 def bare_call(name: str, n: int = 0) -> dict[str, Any]:
     """An OpenAI-style call of tool `name` with no arguments, id `call_<name>_<n>`."""
     return openai_call(f"call_{name}_{n}", name, "{}")
+
+
+class NothingHook:
+    """A hook that does nothing: its presence alone sends every call the general way (the
+    path the fast ones must answer as)."""
+
+    def after(self, call: Any, result: Any, ctx: Any) -> None:
+        return None
+
+
+def group_dispatcher(
+    *handlers: Any,
+    timeout: float = 5.0,
+    limit: int | None = None,
+    general: bool = False,
+    timeouts: Mapping[str, float] | None = None,
+) -> Dispatcher:
+    """A Dispatcher of one concurrent direct tool per handler, named after it, each with
+    `timeout` (or its own in `timeouts`); `general` sends every call the general way."""
+    tools = [
+        Tool(
+            fn.__name__,
+            f"The {fn.__name__} tool.",
+            fn,
+            {"type": "object"},
+            deferred=False,
+            concurrent=True,
+            timeout=(timeouts or {}).get(fn.__name__, timeout),
+        )
+        for fn in handlers
+    ]
+    return Dispatcher(Registry(tools), max_concurrent=limit, hooks=[NothingHook()] if general else ())
+
+
+def numbered_calls(*names: str, base: int = 0) -> list[ToolCall]:
+    """Calls `c0`, `c1`, ... of `names`, each with arguments of its own (no two the same,
+    so none is served as a repeat of another)."""
+    return [ToolCall(f"c{i}", name, {"n": base + i}) for i, name in enumerate(names)]

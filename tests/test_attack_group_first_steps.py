@@ -20,6 +20,8 @@ import trio.lowlevel
 
 from dispatcher import Dispatcher, Registry, Status, Tool, ToolCall
 
+from ._fakes import group_dispatcher, numbered_calls
+
 Handler = Callable[[Mapping[str, Any], Any], Any]
 
 # Every trio test here but the block watch's takes trio's autojump clock: times are exact.
@@ -27,25 +29,10 @@ Handler = Callable[[Mapping[str, Any], Any], Any]
 
 def group(*handlers: Handler, timeout: float = 5.0, limit: int | None = None) -> Dispatcher:
     """A Dispatcher of one concurrent direct tool per handler, named after it, with `timeout`."""
-    tools = [
-        Tool(
-            fn.__name__,
-            f"The {fn.__name__} tool.",
-            fn,
-            {"type": "object"},
-            deferred=False,
-            concurrent=True,
-            timeout=timeout,
-        )
-        for fn in handlers
-    ]
-    return Dispatcher(Registry(tools), max_concurrent=limit)
+    return group_dispatcher(*handlers, timeout=timeout, limit=limit)
 
 
-def calls(*names: str) -> list[ToolCall]:
-    """Calls `c0`, `c1`, ... of `names`, each with arguments of its own (no two the same,
-    so none is served as a repeat of another)."""
-    return [ToolCall(f"c{i}", name, {"n": i}) for i, name in enumerate(names)]
+calls = numbered_calls
 
 
 class Spawns(trio.abc.Instrument):

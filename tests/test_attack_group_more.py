@@ -17,47 +17,17 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from dispatcher import Dispatcher, DispatchInterrupted, HookBlocked, Registry, Status, Tool, ToolCall
+from dispatcher import Dispatcher, DispatchInterrupted, HookBlocked, Status, ToolCall
+
+from ._fakes import group_dispatcher, numbered_calls
 
 Handler = Callable[[Mapping[str, Any], Any], Any]
 
 # Every test here takes trio's autojump clock: times are exact.
 
 
-class _Nothing:
-    """A hook that does nothing: its presence alone sends every call the general way."""
-
-    def after(self, call: Any, result: Any, ctx: Any) -> None:
-        return None
-
-
-def make(
-    *handlers: Handler,
-    timeout: float = 5.0,
-    limit: int | None = None,
-    general: bool = False,
-    timeouts: Mapping[str, float] | None = None,
-) -> Dispatcher:
-    """A Dispatcher of one concurrent direct tool per handler, named after it; `general`
-    sends every call the general way."""
-    tools = [
-        Tool(
-            fn.__name__,
-            f"The {fn.__name__} tool.",
-            fn,
-            {"type": "object"},
-            deferred=False,
-            concurrent=True,
-            timeout=(timeouts or {}).get(fn.__name__, timeout),
-        )
-        for fn in handlers
-    ]
-    return Dispatcher(Registry(tools), max_concurrent=limit, hooks=[_Nothing()] if general else ())
-
-
-def calls(*names: str, base: int = 0) -> list[ToolCall]:
-    """Calls `c0`, `c1`, ... of `names`, each with arguments of its own."""
-    return [ToolCall(f"c{i}", name, {"n": base + i}) for i, name in enumerate(names)]
+make = group_dispatcher
+calls = numbered_calls
 
 
 def outcome(results: list[Any]) -> list[tuple[str, str, str]]:
