@@ -25,6 +25,8 @@ from anyio._backends._asyncio import _task_states
 
 from dispatcher import Dispatcher, DispatchInterrupted, HookBlocked, Registry, Status, Tool, ToolCall
 
+from ._fakes import NothingHook, group_dispatcher, numbered_calls
+
 pytestmark = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 Handler = Callable[[Mapping[str, Any], Any], Any]
@@ -33,42 +35,15 @@ Handler = Callable[[Mapping[str, Any], Any], Any]
 SLACK = 0.25
 
 
-class _Nothing:
-    """A hook that does nothing: its presence alone sends every call the general way."""
-
-    def after(self, call: Any, result: Any, ctx: Any) -> None:
-        return None
-
-
-def registry(*handlers: Handler, timeout: float = 5.0, concurrent: bool = True) -> Registry:
-    return Registry(
-        [
-            Tool(
-                fn.__name__,
-                f"The {fn.__name__} tool.",
-                fn,
-                {"type": "object"},
-                deferred=False,
-                concurrent=concurrent,
-                timeout=timeout,
-            )
-            for fn in handlers
-        ]
-    )
-
-
 def group(
     *handlers: Handler, timeout: float = 5.0, limit: int | None = 4, general: bool = False
 ) -> Dispatcher:
     """A Dispatcher of one concurrent tool per handler; `general`: with a hook that sends
     every call the general way."""
-    return Dispatcher(
-        registry(*handlers, timeout=timeout), max_concurrent=limit, hooks=[_Nothing()] if general else ()
-    )
+    return group_dispatcher(*handlers, timeout=timeout, limit=limit, general=general)
 
 
-def calls(*names: str) -> list[ToolCall]:
-    return [ToolCall(f"c{i}", name, {"n": i}) for i, name in enumerate(names)]
+calls = numbered_calls
 
 
 def anyio_state() -> tuple[Any, Any, Any, frozenset[Any], bool]:
@@ -1183,7 +1158,7 @@ async def test_concurrent_and_exclusive_tools_interleaved() -> None:
     with anyio.fail_after(10):
         fast_d = Dispatcher(reg, max_concurrent=3)
         fast = await outcome(fast_d, calls(*names))
-        general = await outcome(Dispatcher(reg, max_concurrent=3, hooks=[_Nothing()]), calls(*names))
+        general = await outcome(Dispatcher(reg, max_concurrent=3, hooks=[NothingHook()]), calls(*names))
         await anyio.sleep(0.05)
         assert_slots_back(fast_d)
     assert fast == general
