@@ -476,8 +476,9 @@ class _AsyncioGroupSince:
     async def __aenter__(self) -> anyio.abc.TaskGroup:
         task, base, _ = self._mark
         group = await self._group.__aenter__()  # which never waits
-        if _asyncio_scope(task) is not group.cancel_scope or group.cancel_scope._parent_scope is not base:
-            _anyio_beneath(task, base, group.cancel_scope)
+        scope: Any = group.cancel_scope  # anyio's asyncio scope, whose parent it keeps
+        if scope._parent_scope is not base:  # the step left scopes open: it goes beneath them
+            _anyio_beneath(task, base, scope)
         return group
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
