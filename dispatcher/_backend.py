@@ -403,15 +403,19 @@ def _anyio_beneath(task: Any, base: Any, scope: Any) -> bool:
     return True
 
 
-# asyncio's running task, without `current_task`'s frame where it has one (Python 3.11):
-# the loop's entry in the tasks asyncio runs now
-_RUNNING_TASKS: dict[Any, Any] | None = getattr(asyncio.tasks, "_current_tasks", None)
-if not isinstance(_RUNNING_TASKS, dict):  # pragma: no cover - another Python's asyncio
-    _RUNNING_TASKS = None
+# asyncio's running task, without `current_task`'s frame where it has one: read from the
+# loop's entry among the tasks asyncio runs now on a Python whose `current_task` is Python
+# code (3.11); a later one's is asyncio's own C function, asked as it is
+_RUNNING_TASKS: dict[Any, Any] | None = None
+if not isinstance(asyncio.current_task, types.BuiltinFunctionType):
+    _RUNNING_TASKS = getattr(asyncio.tasks, "_current_tasks", None)
+    if not isinstance(_RUNNING_TASKS, dict):  # pragma: no cover - another Python's asyncio
+        _RUNNING_TASKS = None
 
 
 def _asyncio_task() -> Any:
-    if _RUNNING_TASKS is None:  # pragma: no cover - another Python's asyncio
+    """The running asyncio task (`_RUNNING_TASKS`)."""
+    if _RUNNING_TASKS is None:  # pragma: no cover - a Python whose current_task is C already
         return asyncio.current_task()
     return _RUNNING_TASKS.get(asyncio.get_running_loop())
 
