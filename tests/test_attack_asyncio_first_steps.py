@@ -135,6 +135,8 @@ def counting_spawns() -> Any:
 
 
 async def test_a_group_of_calls_that_never_wait_spawns_no_task() -> None:
+    """A group of calls that never wait runs without creating a single asyncio task: every
+    result in order."""
     d = group(quick)
     with anyio.fail_after(10), counting_spawns() as spawns:
         results = await dispatch_clean(d, calls(*["quick"] * 10))
@@ -143,6 +145,8 @@ async def test_a_group_of_calls_that_never_wait_spawns_no_task() -> None:
 
 
 async def test_calls_that_wait_run_side_by_side_up_to_the_limit() -> None:
+    """Calls that wait run side by side up to the limit (3 of 9 at once), starting in their
+    order; the batch takes about three naps' time."""
     running, most, order = 0, 0, []
 
     async def counted(args: Mapping[str, Any], ctx: Any) -> str:
@@ -166,6 +170,8 @@ async def test_calls_that_wait_run_side_by_side_up_to_the_limit() -> None:
 
 
 async def test_limit_one_runs_every_call_on_the_batchs_task() -> None:
+    """At limit 1 every call runs on the batch's own task, one at a time: no asyncio task is
+    created, every call is ok."""
     running, most = 0, 0
 
     async def counted(args: Mapping[str, Any], ctx: Any) -> str:
@@ -183,6 +189,8 @@ async def test_limit_one_runs_every_call_on_the_batchs_task() -> None:
 
 
 async def test_sync_tools_mixed_into_a_group() -> None:
+    """Sync tools mixed into a group of async ones: each result in its place, every slot back
+    once the threads are done; as on the general path."""
     with anyio.fail_after(10):
         names = ["quick", "sync_tool", "nap", "quick", "sync_tool", "nap", "quick"]
         d = group(quick, nap, sync_tool)
@@ -199,6 +207,9 @@ async def test_sync_tools_mixed_into_a_group() -> None:
 
 
 async def test_a_calls_own_move_on_after_does_not_cut_its_siblings() -> None:
+    """A call's own move_on_after firing in its first step ends that wait alone: the call goes
+    on and returns, the naps beside it are ok."""
+
     async def own(args: Mapping[str, Any], ctx: Any) -> str:
         with anyio.move_on_after(0.05):
             await asyncio.sleep(10)
@@ -211,6 +222,9 @@ async def test_a_calls_own_move_on_after_does_not_cut_its_siblings() -> None:
 
 
 async def test_a_calls_own_fail_after_fails_it_alone() -> None:
+    """A call's own fail_after firing in its first step fails that call alone; the naps beside
+    it are ok; as on the general path."""
+
     async def strict(args: Mapping[str, Any], ctx: Any) -> str:
         with anyio.fail_after(0.05):
             await asyncio.sleep(10)
@@ -223,6 +237,9 @@ async def test_a_calls_own_fail_after_fails_it_alone() -> None:
 
 
 async def test_a_calls_own_asyncio_timeout_does_not_cut_its_siblings() -> None:
+    """A call's own asyncio.timeout, caught by the tool, ends that wait alone: the call
+    returns, the naps beside it are ok; as on the general path."""
+
     async def native(args: Mapping[str, Any], ctx: Any) -> str:
         try:
             async with asyncio.timeout(0.05):
@@ -238,6 +255,9 @@ async def test_a_calls_own_asyncio_timeout_does_not_cut_its_siblings() -> None:
 
 
 async def test_a_calls_own_asyncio_timeout_escaping_fails_it_alone() -> None:
+    """A call's own asyncio.timeout whose TimeoutError escapes the tool fails that call alone
+    (not timed_out); the nap beside it is ok; as on the general path."""
+
     async def native(args: Mapping[str, Any], ctx: Any) -> str:
         async with asyncio.timeout(0.05):
             await asyncio.sleep(10)
@@ -250,6 +270,10 @@ async def test_a_calls_own_asyncio_timeout_escaping_fails_it_alone() -> None:
 
 
 async def test_a_calls_own_task_group_failing_never_reaches_its_siblings() -> None:
+    """An anyio task group a call opens in its first step, whose child raises: that call fails
+    (or returns, when the tool catches the group), its siblings are ok; as on the general
+    path."""
+
     async def boom() -> None:
         await asyncio.sleep(0.03)
         raise ValueError("boom")
@@ -278,6 +302,9 @@ async def test_a_calls_own_task_group_failing_never_reaches_its_siblings() -> No
 
 
 async def test_a_calls_own_asyncio_task_group_failing_never_reaches_its_siblings() -> None:
+    """An asyncio.TaskGroup a call opens in its first step, whose child raises and the tool
+    catches: that call returns, the naps beside it are ok; as on the general path."""
+
     async def boom() -> None:
         await asyncio.sleep(0.03)
         raise ValueError("boom")
@@ -304,6 +331,9 @@ async def test_a_calls_own_asyncio_task_group_failing_never_reaches_its_siblings
 
 
 async def test_a_first_step_that_leaves_a_task_group_open_is_cut_at_its_timeout_alone() -> None:
+    """A first step that waits in a task group whose children never end: that call is
+    timed_out at its own timeout, its children cancelled then; the quick calls beside it are
+    ok."""
     stopped: list[float] = []
 
     async def lingering() -> None:
@@ -333,6 +363,8 @@ async def test_a_first_step_that_leaves_a_task_group_open_is_cut_at_its_timeout_
 
 
 async def test_tg_start_in_a_first_step_beside_siblings() -> None:
+    """A first step that awaits `tg.start` of a server that keeps running: the call is
+    timed_out at its timeout, the server cancelled then; the naps beside it are ok."""
     stopped: list[float] = []
 
     async def server(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
@@ -358,6 +390,9 @@ async def test_tg_start_in_a_first_step_beside_siblings() -> None:
 
 
 async def test_tg_start_whose_child_returns_in_its_first_step() -> None:
+    """`tg.start` of a child that reports started before it first waits, then ends: the call
+    returns the value it was given; its siblings are ok."""
+
     async def server(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started("up")
         await asyncio.sleep(0.05)
@@ -374,6 +409,9 @@ async def test_tg_start_whose_child_returns_in_its_first_step() -> None:
 
 
 async def test_a_shield_opened_in_the_first_step_holds_off_the_timeout_until_it_closes() -> None:
+    """A first step that shields a wait longer than its timeout: the call is timed_out once
+    the shield closes (0.3 s); the nap beside it, longer than its own timeout, is timed_out."""
+
     async def shielded(args: Mapping[str, Any], ctx: Any) -> str:
         with anyio.CancelScope(shield=True):
             await asyncio.sleep(0.3)
@@ -390,6 +428,9 @@ async def test_a_shield_opened_in_the_first_step_holds_off_the_timeout_until_it_
 
 
 async def test_a_scope_entered_on_an_exit_stack_and_left_in_a_later_step() -> None:
+    """A first step enters a scope on an ExitStack and closes it in its next step, then waits:
+    each call is timed_out at its own timeout, and the batch ends then."""
+
     async def stacked(args: Mapping[str, Any], ctx: Any) -> str:
         with contextlib.ExitStack() as stack:
             stack.enter_context(anyio.move_on_after(20))
@@ -436,6 +477,8 @@ async def test_a_scope_kept_open_on_an_exit_stack_whose_own_deadline_fires_later
 
 
 async def test_asyncio_shield_in_a_first_step_is_cut_at_the_timeout() -> None:
+    """A first step awaiting asyncio.shield is cut at the call's timeout (timed_out) while the
+    shielded work runs on to its end; the quick call beside it is ok."""
     inner_done: list[bool] = []
 
     async def shielded(args: Mapping[str, Any], ctx: Any) -> str:
@@ -457,6 +500,9 @@ async def test_asyncio_shield_in_a_first_step_is_cut_at_the_timeout() -> None:
 
 
 async def test_asyncio_wait_for_in_a_first_step() -> None:
+    """asyncio.wait_for in a first step: one that times out first is the tool's own and the
+    call returns; one longer than the call's timeout is timed_out, and the batch ends then."""
+
     async def waits(args: Mapping[str, Any], ctx: Any) -> str:
         try:
             await asyncio.wait_for(asyncio.sleep(10), 0.05 if args["n"] % 2 == 0 else 5)
@@ -476,6 +522,8 @@ async def test_asyncio_wait_for_in_a_first_step() -> None:
 
 
 async def test_every_call_of_a_group_is_held_to_its_own_timeout() -> None:
+    """limit 2: each call that waits is cut at its own start plus its timeout, on the batch's
+    task, on a worker, and once a slot frees (0.2 s, 0.2 s, 0.4 s); the quick calls are ok."""
     ended: dict[str, float] = {}
 
     async def waiter(args: Mapping[str, Any], ctx: Any) -> str:
@@ -503,6 +551,8 @@ async def test_every_call_of_a_group_is_held_to_its_own_timeout() -> None:
 
 
 async def test_a_tool_that_swallows_its_cancellation_once_and_waits_again() -> None:
+    """A tool that swallows its timeout's cancellation once and waits again is cut again at
+    that wait: timed_out, as is the nap beside it, and the batch ends at the timeout."""
     caught: list[float] = []
 
     async def stubborn(args: Mapping[str, Any], ctx: Any) -> str:
@@ -524,6 +574,9 @@ async def test_a_tool_that_swallows_its_cancellation_once_and_waits_again() -> N
 
 
 async def test_a_tool_that_swallows_its_cancellation_and_returns_late() -> None:
+    """A tool that swallows its timeout's cancellation and returns late is timed_out; a nap
+    past its timeout is too, a quick call is ok."""
+
     async def late(args: Mapping[str, Any], ctx: Any) -> str:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.sleep(10)
@@ -536,6 +589,9 @@ async def test_a_tool_that_swallows_its_cancellation_and_returns_late() -> None:
 
 
 async def test_a_deadline_already_past_when_the_call_starts() -> None:
+    """A timeout already past when the call starts: each call that waits, bare or in a scope
+    of its own, is timed_out, in a group and alone; as on the general path."""
+
     async def waits(args: Mapping[str, Any], ctx: Any) -> str:
         await asyncio.sleep(0.05)
         return "waited"
@@ -555,6 +611,9 @@ async def test_a_deadline_already_past_when_the_call_starts() -> None:
 
 
 async def test_nested_invoke_from_a_handler_in_a_group() -> None:
+    """Handlers in a group call `ctx.invoke`, bare and in a scope of their own: each gets its
+    nested results back, beside a nap (limit 2); as on the general path."""
+
     async def inner(args: Mapping[str, Any], ctx: Any) -> str:
         await asyncio.sleep(0.01)
         return f"inner {args['k']}"
@@ -573,6 +632,8 @@ async def test_nested_invoke_from_a_handler_in_a_group() -> None:
 
 
 async def test_two_sessions_dispatch_groups_at_once_on_a_shared_limiter() -> None:
+    """Three sessions dispatch groups at once on one dispatcher of limit 3: never more than 3
+    calls run at once, each session gets its results in order, and every slot is back."""
     running, most = 0, 0
 
     async def counted(args: Mapping[str, Any], ctx: Any) -> str:
@@ -646,6 +707,10 @@ async def test_the_callers_scope_fires_during_the_calls(when: float, kind: str) 
 
 @pytest.mark.parametrize("kind", ["anyio", "asyncio"])
 async def test_the_callers_scope_fires_during_a_lone_calls_wait_with_scopes_open(kind: str) -> None:
+    """The caller's own timeout (anyio or asyncio) fires while a lone call waits inside a task
+    group and a scope of its own: the dispatch is cancelled, the caller's anyio state is as
+    before, the slots are back, and the session dispatches again."""
+
     async def scoped(args: Mapping[str, Any], ctx: Any) -> str:
         async with anyio.create_task_group() as tg:
             tg.start_soon(anyio.sleep_forever)
@@ -707,6 +772,9 @@ def _raiser(kind: str, wait: bool) -> Handler:
 @pytest.mark.parametrize("wait", [False, True])
 @pytest.mark.parametrize("kind", ["keyboard", "blocked", "interrupted"])
 async def test_run_control_raised_by_a_tool_as_on_the_general_path(kind: str, wait: bool) -> None:
+    """A tool that raises KeyboardInterrupt, HookBlocked or DispatchInterrupted, at once or
+    after a wait in a scope of its own: the dispatch raises it as on the general path, the
+    caller's anyio state is as before, and every slot is back."""
     raiser = _raiser(kind, wait)
     names = ["nap", "raiser", "nap", "quick"]
     with anyio.fail_after(10):
@@ -724,6 +792,9 @@ async def test_run_control_raised_by_a_tool_as_on_the_general_path(kind: str, wa
 
 
 async def test_a_task_anyio_does_not_know_dispatches_a_group() -> None:
+    """A plain asyncio task that anyio has no state for dispatches a group, then a lone call:
+    each call ok or timed_out at its own timeout, and the task is left with no anyio scope."""
+
     async def scoped(args: Mapping[str, Any], ctx: Any) -> str:
         with anyio.move_on_after(5):
             await asyncio.sleep(0.02)
@@ -758,6 +829,9 @@ async def test_a_task_anyio_does_not_know_dispatches_a_group() -> None:
 
 
 async def test_a_task_anyio_does_not_know_is_cancelled_while_dispatching() -> None:
+    """A plain asyncio task that anyio has no state for, cancelled while it dispatches: it
+    ends with CancelledError, every slot is back, and the dispatcher dispatches again."""
+
     async def scoped(args: Mapping[str, Any], ctx: Any) -> str:
         with anyio.move_on_after(5):
             await asyncio.sleep(10)
@@ -897,6 +971,9 @@ async def test_a_tool_that_cancels_the_callers_scope_cancels_the_dispatch() -> N
 
 
 async def test_cancellations_a_tool_raises_itself_are_its_failures() -> None:
+    """A tool that raises CancelledError itself, awaits a cancelled future, or awaits a task it
+    cancelled: that call fails, its siblings are ok; as on the general path."""
+
     async def raises_at_once(args: Mapping[str, Any], ctx: Any) -> str:
         raise asyncio.CancelledError
 
@@ -929,6 +1006,9 @@ async def test_cancellations_a_tool_raises_itself_are_its_failures() -> None:
 
 
 async def test_a_tool_that_exits_sys_or_raises_base_exceptions_fails_alone() -> None:
+    """A tool that raises SystemExit, at once or after a wait, fails alone; its siblings are
+    ok; as on the general path."""
+
     async def exits(args: Mapping[str, Any], ctx: Any) -> str:
         with anyio.move_on_after(5):
             await asyncio.sleep(0.01)
@@ -1146,6 +1226,9 @@ async def test_a_tool_group_whose_child_raises_while_cut_at_the_timeout() -> Non
 
 
 async def test_concurrent_and_exclusive_tools_interleaved() -> None:
+    """Exclusive tools interleaved with concurrent async and sync ones: every result in its
+    place, every slot back; as on the general path."""
+
     async def alone(args: Mapping[str, Any], ctx: Any) -> str:
         with anyio.move_on_after(5):
             await asyncio.sleep(0.01)
@@ -1181,6 +1264,9 @@ async def test_concurrent_and_exclusive_tools_interleaved() -> None:
     " always did; a worker task sees none",
 )
 async def test_a_tool_does_not_see_the_exception_its_caller_is_handling() -> None:
+    """A tool called while its caller handles an exception sees none: `sys.exc_info()` is
+    empty and a bare `raise` fails the call, as on a task of its own (the general path)."""
+
     async def peek(args: Mapping[str, Any], ctx: Any) -> str:
         return repr(sys.exc_info()[1])
 
@@ -1268,6 +1354,8 @@ async def test_the_callers_timeout_firing_at_any_moment_leaves_everything_clean(
 
 @pytest.mark.parametrize("names", [MIXED, MIXED[::-1], MIXED[3:] + MIXED[:3]])
 async def test_mixed_groups_come_out_as_on_the_general_path(names: list[str]) -> None:
+    """Mixed groups (scopes, shields, task groups, swallowed cancellations, asyncio timeouts)
+    in three orders, limit 3: every call ok, as on the general path."""
     handlers = await _mixed_handlers()
     with anyio.fail_after(10):
         fast = await same_both_ways(handlers, names, limit=3)

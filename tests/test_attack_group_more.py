@@ -599,6 +599,9 @@ async def test_a_calls_own_nursery_failing_never_reaches_its_siblings(autojump_c
 
 
 async def test_a_ki_in_a_calls_own_nursery_lets_siblings_finish(autojump_clock: Any) -> None:
+    """A KeyboardInterrupt raised by a child of a nursery a call opened in its first step: the
+    naps beside it all run to their end, then the KeyboardInterrupt propagates, at the same
+    moment as on the general path."""
     ended: list[str] = []
 
     async def child_ki(args: Mapping[str, Any], ctx: Any) -> str:
