@@ -285,16 +285,16 @@ async def _interleaved(
 
 async def fixed_cost(quick: bool) -> dict[str, float]:
     """threepass's fixed cost of a batch, echo: per call at batch 1 less per call at batch
-    100, from rounds that alternate the two sizes (a batch of 100, then `_SMALL_PER_ROUND`
-    batches of 1, the order turning each round) on one session, so that a slow spell of the
-    machine weighs on both alike; medians of each."""
+    100, from rounds that alternate the sizes (a batch of 100, `_SMALL_PER_ROUND` batches of
+    1 and as many of 2, the order turning each round) on one session, so that a slow spell
+    of the machine weighs on all alike; medians of each. Beside it, a concurrent group's:
+    a batch of 2 less two calls at batch 100."""
     three = Threepass()
-    small: list[float] = []
-    large: list[float] = []
+    times: dict[int, list[float]] = {1: [], 2: [], 100: []}
     warmup = 3
     for r in range(_rounds(100, quick) + warmup):
-        for size in (1, 100) if r % 2 else (100, 1):
-            for k in range(_SMALL_PER_ROUND if size == 1 else 1):
+        for size in (1, 2, 100) if r % 2 else (100, 2, 1):
+            for k in range(1 if size == 100 else _SMALL_PER_ROUND):
                 calls = batch("echo", size, r * _SMALL_PER_ROUND + k)
                 t0 = time.perf_counter()
                 outputs = await three.run_batch(calls)
@@ -302,12 +302,18 @@ async def fixed_cost(quick: bool) -> dict[str, float]:
                 if len(outputs) != size:
                     raise AssertionError(f"{size} calls gave {len(outputs)} outputs")
                 if r >= warmup:
-                    (small if size == 1 else large).append(elapsed / size)
-    one, hundred = statistics.median(small) * 1e6, statistics.median(large) * 1e6
-    return {"batch_1": one, "batch_100": hundred, "fixed_us": one - hundred}
+                    times[size].append(elapsed / size)
+    one, two, hundred = (statistics.median(times[size]) * 1e6 for size in (1, 2, 100))
+    return {
+        "batch_1": one,
+        "batch_2": two,
+        "batch_100": hundred,
+        "fixed_us": one - hundred,
+        "group_fixed_us": 2 * (two - hundred),
+    }
 
 
-_SMALL_PER_ROUND = 20  # batches of 1 in each round of `fixed_cost`, beside one batch of 100
+_SMALL_PER_ROUND = 20  # batches of 1 (and of 2) in each round of `fixed_cost`, beside one of 100
 
 
 def _rounds(size: int, quick: bool) -> int:
@@ -548,8 +554,10 @@ def render(figures: Mapping[str, Any]) -> str:
     lines += [
         "",
         f"The fixed cost of a batch (echo), from rounds that alternate a batch of 100 with "
-        f"{_SMALL_PER_ROUND} batches of 1 on one session: {fx['batch_1']:.1f} µs per call at batch 1, "
-        f"{fx['batch_100']:.1f} at batch 100, {fx['fixed_us']:.1f} µs between them.",
+        f"{_SMALL_PER_ROUND} batches of 1 and as many of 2 on one session: {fx['batch_1']:.1f} µs "
+        f"per call at batch 1, {fx['batch_100']:.1f} at batch 100, {fx['fixed_us']:.1f} µs between "
+        f"them. A concurrent group's: a batch of 2 {2 * fx['batch_2']:.1f} µs, "
+        f"{fx['group_fixed_us']:.1f} µs above two calls at batch 100.",
     ]
     pr = figures["per_request"]
     lines += [
