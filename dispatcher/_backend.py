@@ -244,18 +244,32 @@ def _scope_beneath(task: Any, base: Any, deadline: float) -> trio.CancelScope | 
     move is trio's own (`TaskStatus.started` moves cancel statuses the same way). None
     if the step's scopes do not lead back to `base`."""
     inner = task._cancel_status
-    top = inner
-    while top is not None and top.parent is not base:
-        top = top.parent
+    top = _outermost_since(inner, base)
     if top is None:
         return None
     scope = trio.CancelScope(deadline=deadline)
     scope.__enter__()  # its status is made beneath `inner`, and is the task's for now
+    _put_beneath(task, base, inner, top)
+    return scope
+
+
+def _outermost_since(inner: Any, base: Any) -> Any:
+    """The outermost of the cancel statuses from `inner` up that were opened since the
+    task's status was `base` (the one whose parent `base` is), None if they do not lead
+    back to `base`."""
+    top = inner
+    while top is not None and top.parent is not base:
+        top = top.parent
+    return top
+
+
+def _put_beneath(task: Any, base: Any, inner: Any, top: Any) -> None:
+    """Move the status `task` has just entered (beneath `inner`) to between `base` and
+    `top` (`_outermost_since`), and make `inner` the task's own again."""
     ours = task._cancel_status
     ours.parent = base
     top.parent = ours
     task._activate_cancel_status(inner)
-    return scope
 
 
 def _trio_under_deadline(
@@ -319,7 +333,8 @@ class _TrioGroupSince:
     it goes before the nurseries opened since among the task's own, so that those close
     first and it after, as if it had been there all along. Cancelling a scope the first
     step opened then reaches only that call, not the nursery's children (the calls beside
-    it); cancelling the nursery reaches them all. The moves are those of `_scope_beneath`."""
+    it); cancelling the nursery reaches them all. The moves are those of `_scope_beneath`
+    (`_put_beneath`)."""
 
     __slots__ = ("_manager", "_mark")
 
@@ -333,14 +348,9 @@ class _TrioGroupSince:
         inner = task._cancel_status
         nursery = await self._manager.__aenter__()  # which never waits
         if inner is not base:
-            top = inner
-            while top is not None and top.parent is not base:
-                top = top.parent
+            top = _outermost_since(inner, base)
             if top is not None:  # else the step's scopes are misnested already: left as they are
-                ours = task._cancel_status
-                ours.parent = base
-                top.parent = ours
-                task._activate_cancel_status(inner)
+                _put_beneath(task, base, inner, top)
         nurseries = task._child_nurseries
         if len(nurseries) > count + 1:
             nurseries.insert(count, nurseries.pop())
