@@ -148,15 +148,15 @@ class Primitives:
     waiting: Callable[[Any], int]
     """How many tasks wait for a slot of a limiter (of any kind), cheaply."""
     under_deadline: Callable[
-        [Coroutine[Any, Any, Any], float, contextvars.Context],
-        tuple[Any, Awaitable[tuple[Any, bool]] | None],
+        [Coroutine[Any, Any, Any], float], tuple[Any, Awaitable[tuple[Any, bool]] | None]
     ]
-    """`under_deadline(coro, deadline, context)` starts awaiting `coro` as `with
-    cancel_scope(deadline=deadline)` around it would, each of its steps run in `context`
-    (a call's own copy of the batch's, as a task of its own would have): `(its value,
-    None)` if it returned before it first waited (where first steps run at once, `eager`;
-    nothing is left to await, and no scope could have cut it short), else `(None, rest)`,
-    where `await rest` is (its value, whether the scope cut it short)."""
+    """`under_deadline(coro, deadline)` starts awaiting `coro` as `with cancel_scope(deadline=
+    deadline)` around it would, each of its steps run in a copy of the current context
+    (the call's own, as a task of its own would have: what it sets reaches neither the
+    calls after it nor the caller): `(its value, None)` if it returned before it first
+    waited (where first steps run at once, `eager`; nothing is left to await, and no scope
+    could have cut it short), else `(None, rest)`, where `await rest` is (its value,
+    whether the scope cut it short)."""
     eager: bool = False
     """Whether `under_deadline` runs a call's first step at once, before any scope exists."""
     mark: Callable[[], Any] = lambda: None
@@ -173,20 +173,17 @@ class Primitives:
     do not run at once (not `eager`), nothing ran since: a task group as it reads."""
 
 
-async def _scoped(
-    coro: Coroutine[Any, Any, Any], deadline: float, context: contextvars.Context
-) -> tuple[Any, bool]:
-    """The coroutine inside a cancel scope: (its value, whether the scope cut it short)."""
+async def _scoped(coro: Coroutine[Any, Any, Any], deadline: float) -> tuple[Any, bool]:
+    """The coroutine inside a cancel scope, in its own context: (its value, whether the
+    scope cut it short)."""
     with anyio.CancelScope(deadline=deadline) as scope:
-        return await _from_start(coro, context), False
+        return await in_own_context(coro), False
     return None, scope.cancelled_caught
 
 
-def _under_scope(
-    coro: Coroutine[Any, Any, Any], deadline: float, context: contextvars.Context
-) -> tuple[None, Awaitable[tuple[Any, bool]]]:
+def _under_scope(coro: Coroutine[Any, Any, Any], deadline: float) -> tuple[None, Awaitable[tuple[Any, bool]]]:
     """`under_deadline` as it reads: everything is left to await, in a cancel scope."""
-    return None, _scoped(coro, deadline, context)
+    return None, _scoped(coro, deadline)
 
 
 def in_own_context(awaitable: Any) -> Any:
@@ -273,7 +270,7 @@ def _put_beneath(task: Any, base: Any, inner: Any, top: Any) -> None:
 
 
 def _trio_under_deadline(
-    coro: Coroutine[Any, Any, Any], deadline: float, context: contextvars.Context
+    coro: Coroutine[Any, Any, Any], deadline: float
 ) -> tuple[Any, Awaitable[tuple[Any, bool]] | None]:
     """`under_deadline` on trio, where a cancel scope costs more than a quick call: the
     call's first step runs here, before any scope exists, and a call that returns in it (it
@@ -284,6 +281,7 @@ def _trio_under_deadline(
     timeout."""
     task = _TRIO_RUN.task  # `current_task()` without its frame (see `_trio_holds_cancel_status`)
     base = task._cancel_status
+    context = contextvars.copy_context()
     try:
         yielded = context.run(coro.send, None)
     except StopIteration as done:
@@ -438,7 +436,7 @@ def _asyncio_scope(task: Any) -> Any:
 
 
 def _asyncio_under_deadline(
-    coro: Coroutine[Any, Any, Any], deadline: float, context: contextvars.Context
+    coro: Coroutine[Any, Any, Any], deadline: float
 ) -> tuple[Any, Awaitable[tuple[Any, bool]] | None]:
     """`under_deadline` on asyncio, as `_trio_under_deadline` on trio: the first step runs
     here, before any scope exists; a call that suspended gets its anyio scope then, beneath
@@ -447,6 +445,7 @@ def _asyncio_under_deadline(
     task = _RUNNING_TASKS.get(asyncio.get_running_loop()) if _RUNNING_TASKS is not None else _asyncio_task()
     state = _ANYIO_ASYNCIO._task_states.data.get(weakref.ref(task))
     base = None if state is None else state.cancel_scope
+    context = contextvars.copy_context()
     try:
         yielded = context.run(coro.send, None)
     except StopIteration as done:

@@ -700,7 +700,7 @@ class Executor:
                 if type(awaitable) is types.CoroutineType:
                     # a handler's coroutine (or a runner's), held to its deadline without a
                     # cancel scope of its own while it never waits; in a context of its own
-                    value, rest = self._p.under_deadline(awaitable, deadline, contextvars.copy_context())
+                    value, rest = self._p.under_deadline(awaitable, deadline)
                     late = False
                     if rest is not None:
                         value, late = await rest
@@ -820,7 +820,7 @@ class Executor:
                     if type(awaitable) is types.CoroutineType:
                         # in a copy of the batch's context, as a task of its own would run: what
                         # it sets reaches neither the calls after it nor the caller
-                        value, left = self._p.under_deadline(awaitable, until, contextvars.copy_context())
+                        value, left = self._p.under_deadline(awaitable, until)
                         if left is not None:
                             kept, borrower = borrower, None  # the rest gives it back
                             return self._rest(planned, left, None, kept, timeout, started, t0, until)
