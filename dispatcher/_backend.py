@@ -18,11 +18,11 @@ or where the kernel must know which loop it is on:
 - `poster()`: how a thread of the kernel's own (the recording's writer) wakes the loop;
 - `BlockWatch`: how an async tool that holds the loop is caught — a probe the loop must
   answer, posted from a thread that looks at the loop thread's stack while it waits;
-- `Primitives.under_deadline`: how a call run alone is held to its timeout (on trio, a
-  call that returns before it first suspends pays for no cancel scope);
-  `Primitives.mark`/`task_group_since`: how a concurrent group whose calls start on the
-  batch's own task opens its task group only once one of them waits (on trio, as if it
-  had been opened before that call started).
+- `Primitives.under_deadline`: how a call started on the batch's own task is held to its
+  timeout, in a context of its own (a call that returns before it first suspends pays
+  for no cancel scope); `Primitives.mark`/`task_group_since`/`lost_cancel`: how a
+  concurrent group whose calls start on that task opens its task group only once one of
+  them waits, as if it had been opened before that call started.
 """
 
 from __future__ import annotations

@@ -197,15 +197,16 @@ class _Crew:
 class Executor:
     """Runs the groups of one plan. `results` is filled as calls finish (pass 3 reads it).
 
-    Timeouts: a call started on the batch's own task (a lone call; on trio, the calls of a
+    Timeouts: a call started on the batch's own task (a lone call, and the calls of a
     concurrent group until one waits, `_run_group`) is held to its deadline as a cancel
-    scope around it would hold it (`Primitives.under_deadline`: on trio, one that returns
-    before it first waits pays for no scope at all; one that waits gets its scope then).
-    On a group's workers a cancel scope per call would cost more than the rest of the
-    call's overhead, so each worker keeps one scope and one watchdog task per group sleeps
-    until the earliest running call's deadline and cancels just that worker. A call that starts at `s`
-    with timeout `T` is still cancelled at exactly `s + T`: the watchdog never sleeps
-    past `now + (the group's smallest timeout)`, and no call can start and end sooner.
+    scope around it would hold it (`Primitives.under_deadline`: where first steps run at
+    once, one that returns before it first waits pays for no scope at all; one that waits
+    gets its scope then). On a group's workers a cancel scope per call would cost more
+    than the rest of the call's overhead, so each worker keeps one scope and one watchdog
+    task per group sleeps until the earliest running call's deadline and cancels just that
+    worker. A call that starts at `s` with timeout `T` is still cancelled at exactly
+    `s + T`: the watchdog never sleeps past `now + (the group's smallest timeout)`, and no
+    call can start and end sooner.
     """
 
     def __init__(
@@ -242,8 +243,8 @@ class Executor:
             self.run_by(runner)
         self._now = primitives.clock
         self._p = primitives
-        # a call's first step runs before any scope exists (trio): a concurrent group's calls
-        # start on the batch's own task, and workers start only once one of them waits
+        # a call's first step runs before any scope exists (`Primitives.eager`): a concurrent
+        # group's calls start on the batch's own task, and workers start only once one waits
         self._eager = primitives.eager
         self._watch = watch if watch is not None else Watch(None, DEFAULT_BLOCK_THRESHOLD)
         ops = self._watch.slot_ops  # made once a limiter: replay makes an executor a batch
@@ -505,10 +506,10 @@ class Executor:
                     # of its own (asyncio's scope lets through a CancelledError it did not make)
                     if not slot.cut or _backend.cancellation_pending():
                         raise
-                    cut = slot.running
                     if not _is_cancellation(exc):
                         # what the cut call raised beside the cut (its own tasks' failures), the
                         # cut taken off by the scope: that call's result, as on the batch's task
+                        cut = slot.running
                         if cut is None or slot.ctx is None:
                             raise
                         slot.running = None
@@ -855,7 +856,7 @@ class Executor:
         t0: float,
         deadline: float,
     ) -> None:
-        """The rest of a call `_first_step` started: `left`, what `under_deadline` left of
+        """The rest of a call `_first_steps` started: `left`, what `under_deadline` left of
         it, or else `awaitable`, one that is no coroutine, in a scope of its deadline;
         `seconds`, its timeout."""
         index = planned.index
