@@ -1720,22 +1720,32 @@ def _loads(raw: bytes) -> Any:
     return json.loads(raw.decode("utf-8", errors="replace"))
 
 
-def _record(raw: bytes) -> dict[str, Any]:
-    """One line as a record (`_loads`), a `rows` record as the `batch` record it stands for
-    (`_batch_of_rows`); ValueError or RecursionError if it is none."""
-    return _record_checked(raw)[0]
-
-
-def _record_checked(raw: bytes) -> tuple[dict[str, Any], bool]:
-    """`_record`, and whether a `rows` record's batch is well formed for a chained file, as
-    `_taken_apart` finds while it takes the rows apart (False for any other record, which
-    leaves the question to the batch record's checks)."""
+def _object(raw: bytes) -> dict[str, Any]:
+    """One line as a JSON object (`_loads`); ValueError or RecursionError if it is none."""
     value = _loads(raw)
     if not isinstance(value, dict):
         raise ValueError(f"a JSON {type(value).__name__}, not an object")
-    if value.get("type") == "rows":
-        return _taken_apart(value)
-    return value, False
+    return value
+
+
+def _record(raw: bytes) -> dict[str, Any]:
+    """One line as a record (`_object`), a `rows` record as the `batch` record it stands for
+    (`_batch_of_rows`); ValueError or RecursionError if it is none."""
+    value = _object(raw)
+    return _batch_of_rows(value) if value.get("type") == "rows" else value
+
+
+def _record_checked(raw: bytes) -> tuple[dict[str, Any], bool]:
+    """One line as replay reads it, and whether it is a `rows` record well formed for a
+    chained file (`_rows_formed`): such a record as it is, its rows not taken apart, and
+    any other record as `_record` reads it (False leaves the question to the batch
+    record's checks)."""
+    value = _object(raw)
+    if value.get("type") != "rows":
+        return value, False
+    if _rows_formed(value):
+        return value, True
+    return _batch_of_rows(value), False
 
 
 # A `rows` record (format 3) is the common batch's `batch` record, one row per call:
@@ -1747,24 +1757,82 @@ def _record_checked(raw: bytes) -> tuple[dict[str, Any], bool]:
 # all_loaded, control, seq, prev) is the batch record's.
 _UNANSWERED_ROW = 5
 _ANSWERED_ROW = 13
+_ROW_SIZES = frozenset({_UNANSWERED_ROW, _UNANSWERED_ROW + 1, _ANSWERED_ROW, _ANSWERED_ROW + 1})
+
+
+def _rows_formed(record: Mapping[str, Any]) -> bool:
+    """Whether a `rows` record stands for a batch record well formed for a chained file
+    (`_well_formed(_batch_of_rows(record), True)`), asked of its rows as they are, and
+    more strictly: the id of a call with no result is text too, its result's flags are
+    booleans and its duration a float, as a recorder writes them. Replay reads such rows
+    without taking them apart, and makes their results as they are."""
+    get = record.get
+    rows = get("rows")
+    if type(rows) is not list or type(get("run")) is not int:
+        return False
+    if type(get("seq")) is not int or type(get("prev")) is not str:
+        return False
+    for row in rows:
+        if type(row) is not list or (size := len(row)) not in _ROW_SIZES:
+            return False
+        key = row[3]
+        if (
+            type(row[0]) is not str  # the id
+            or type(row[-1] if size & 1 == 0 else row[1]) is not str  # the name it was planned under
+            or type(row[4]) is not str  # how
+            or (key is not None and type(key) is not str)
+        ):
+            return False
+        if size >= _ANSWERED_ROW and (
+            type(status := row[5]) is not str
+            or status not in _STATUSES
+            or type(row[6]) is not str  # content
+            or type(row[7]) is not bool  # retryable, effect_uncertain, cached, deduped
+            or type(row[8]) is not bool
+            or type(row[9]) is not bool
+            or type(row[10]) is not bool
+            or type(row[12]) is not float  # duration
+        ):
+            return False
+    return True
 
 
 def _batch_of_rows(record: dict[str, Any]) -> dict[str, Any]:
     """The `batch` record a `rows` record stands for, field for field what the recorder
     builds part by part for the same batch; ValueError if its rows are not rows (what
     they hold is left to the batch record's checks)."""
-    return _taken_apart(record)[0]
-
-
-def _taken_apart(record: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """`_batch_of_rows`, and whether the batch record is well formed for a chained file
-    (`_well_formed(batch, True)`), as its checks find, made of the rows as they are taken
-    apart (False leaves the question to those checks)."""
     rows = record.pop("rows", None)
     if type(rows) is not list:
         raise ValueError("a 'rows' record whose 'rows' is not a list")
-    get = record.get
-    formed = type(get("run")) is int and type(get("seq")) is int and type(get("prev")) is str
+    calls, plan, results = _rows_apart(rows)
+    if tuple(record) == _ROWS_FIELDS:  # as the recorder writes it: the same, in one go
+        return {
+            "type": "batch",
+            "run": record["run"],
+            "round": record["round"],
+            "all_loaded": record["all_loaded"],
+            "calls": calls,
+            "decisions": {},
+            "plan": plan,
+            "results": results,
+            "control": record["control"],
+            "seq": record["seq"],
+            "prev": record["prev"],
+        }
+    batch: dict[str, Any] = {"type": "batch"}
+    for field in ("run", "round", "all_loaded"):
+        if field in record:
+            batch[field] = record[field]
+    batch["calls"], batch["decisions"], batch["plan"], batch["results"] = calls, {}, plan, results
+    for field, value in record.items():
+        if field not in batch:
+            batch[field] = value  # control, seq and prev, and whatever an edit added
+    return batch
+
+
+def _rows_apart(rows: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    """The calls, plan rows and results of a batch record, made of a `rows` record's rows;
+    ValueError if a row is not a list of 5, 6, 13 or 14 values."""
     calls: list[Any] = []
     plan: list[Any] = []
     results: list[Any] = []
@@ -1784,23 +1852,9 @@ def _taken_apart(record: dict[str, Any]) -> tuple[dict[str, Any], bool]:
             raise ValueError(f"a 'rows' record whose rows[{i}] is not a list of 5, 6, 13 or 14 values")
         calls.append({"id": call_id, "name": name, "arguments": arguments})
         plan.append({"name": planned, "key": key, "how": how})
-        if formed and (
-            type(call_id) is not str
-            or type(planned) is not str
-            or type(how) is not str
-            or (key is not None and type(key) is not str)
-        ):
-            formed = False
         if size < _ANSWERED_ROW:
             results.append(None)
             continue
-        if formed and (
-            type(status) is not str
-            or status not in _STATUSES
-            or type(content) is not str
-            or (type(duration) is not float and type(duration) is not int)
-        ):
-            formed = False
         retryable, effect_uncertain, cached, deduped = flags
         results.append(
             {  # ToolResult.to_json, field for field
@@ -1816,30 +1870,7 @@ def _taken_apart(record: dict[str, Any]) -> tuple[dict[str, Any], bool]:
                 "duration": duration,
             }
         )
-    if tuple(record) == _ROWS_FIELDS:  # as the recorder writes it: the same, in one go
-        batch = {
-            "type": "batch",
-            "run": record["run"],
-            "round": record["round"],
-            "all_loaded": record["all_loaded"],
-            "calls": calls,
-            "decisions": {},
-            "plan": plan,
-            "results": results,
-            "control": record["control"],
-            "seq": record["seq"],
-            "prev": record["prev"],
-        }
-        return batch, formed
-    batch = {"type": "batch"}
-    for field in ("run", "round", "all_loaded"):
-        if field in record:
-            batch[field] = record[field]
-    batch["calls"], batch["decisions"], batch["plan"], batch["results"] = calls, {}, plan, results
-    for field, value in record.items():
-        if field not in batch:
-            batch[field] = value  # control, seq and prev, and whatever an edit added
-    return batch, formed
+    return calls, plan, results
 
 
 # a `rows` record's fields as the recorder writes them, in order, less its rows
@@ -1952,7 +1983,9 @@ class _Stream:
     another kind, a problem) and a recording of another format are left to `_read_data`,
     which reads the same bytes whole: its batches begin with those handed out already,
     since both take each line before that one the same way, and the rest follow. Once the
-    last batch is out, `truncated` and `problem` are those `_read_data` finds."""
+    last batch is out, `truncated` and `problem` are those `_read_data` finds. A `rows`
+    record well formed (`_rows_formed`) is handed out as read, its rows not taken apart:
+    `_replay_batches` reads them as they are; any other batch is a `batch` record."""
 
     def __init__(self, data: bytes, path: str | os.PathLike[str], *, whole: bool = False) -> None:
         self._data, self._path = data, path
@@ -2011,7 +2044,8 @@ class _Stream:
             raw = data[self._at :] if end < 0 else data[self._at : end]
             self._at = len(data) if end < 0 else end + 1
             try:
-                record, formed = _record_checked(raw)  # formed: a rows line checked as read
+                # formed: a rows line checked as read, handed out with its rows as they are
+                record, formed = _record_checked(raw)
             except (ValueError, RecursionError) as exc:
                 if end < 0:  # the last line, and the file does not end cleanly
                     self.truncated = True
@@ -2020,8 +2054,7 @@ class _Stream:
                 self._at = len(data)  # no line after it is read
                 break
             if (
-                record.get("type") != "batch"
-                or (not formed and _batch_problem(record, True) is not None)
+                (not formed and (record.get("type") != "batch" or _batch_problem(record, True) is not None))
                 or record["seq"] != self._seq_before + 1
                 or record["prev"] != self._hash_before  # where `_chain_problem` finds nothing
             ):
@@ -2161,39 +2194,85 @@ _CUTS = frozenset({"DispatchInterrupted", "HookBlocked", "KeyboardInterrupt"})  
 _UNSERVED: Any = object()  # in `_BatchServer.served`: no recorded result was served
 
 
-@attrs.define
 class _BatchServer:
     """Pass 2's runner during replay: the recorded result of a call that ran then. A call
     that ran otherwise than recorded is noted, not raised, so that the batch finishes and
-    the earliest call that differs is the one reported."""
+    the earliest call that differs is the one reported. Of a batch record's plan rows and
+    results, or of a `rows` record's rows as they are (`rows`)."""
 
-    number: int
-    line: int | None
-    plan_rows: Sequence[Mapping[str, Any]]
-    recorded: Sequence[Mapping[str, Any] | None]
-    secrets: set[str] = attrs.field(factory=set)  # of the calls served, as the recorder finds them
-    divergences: dict[int, Divergence] = attrs.field(factory=dict)
-    clean: bool = False  # the batch's arguments are known to hold no credential
-    control: str | None = None  # what cut the recorded batch short, by its name
-    raised: list[BaseException] = attrs.field(factory=list)  # the cuts it made again
-    # by index, the recorded result handed to pass 2 as it was read (`_UNSERVED`: none)
-    served: list[Any] = attrs.field(init=False)
-    cutting: bool = attrs.field(init=False)  # a run control cut the recorded batch short
+    __slots__ = (
+        "_plan_rows",
+        "_recorded",
+        "clean",
+        "control",
+        "cutting",
+        "divergences",
+        "line",
+        "number",
+        "raised",
+        "rows",
+        "secrets",
+        "served",
+    )
 
-    def __attrs_post_init__(self) -> None:
-        self.served = [_UNSERVED] * len(self.recorded)
-        # an edited record may hold anything there, a list say, which no set can be asked about
-        self.cutting = type(self.control) is str and self.control in _CUTS
+    def __init__(
+        self,
+        number: int,
+        line: int | None,
+        plan_rows: Sequence[Mapping[str, Any]] | None,
+        recorded: Sequence[Mapping[str, Any] | None] | None,
+        *,
+        clean: bool = False,
+        control: str | None = None,
+        rows: list[list[Any]] | None = None,
+    ) -> None:
+        self.number, self.line = number, line
+        self._plan_rows, self._recorded = plan_rows, recorded
+        self.rows = rows  # a `rows` record's, checked (`_rows_formed`): plan rows and results in one
+        self.secrets: set[str] = set()  # of the calls served, as the recorder finds them
+        self.divergences: dict[int, Divergence] = {}
+        self.clean = clean  # the batch's arguments are known to hold no credential
+        self.control = control  # what cut the recorded batch short, by its name
+        self.raised: list[BaseException] = []  # the cuts it made again
+        # by index, the recorded result handed to pass 2 as it was read (`_UNSERVED`: none)
+        self.served: list[Any] = [_UNSERVED] * len(rows if rows is not None else self.recorded)
+        # a run control cut the recorded batch short; an edited record may hold anything
+        # there, a list say, which no set can be asked about
+        self.cutting = type(control) is str and control in _CUTS
+
+    def _taken_apart(self) -> None:
+        assert self.rows is not None
+        _, self._plan_rows, self._recorded = _rows_apart(self.rows)
+
+    @property
+    def plan_rows(self) -> Sequence[Mapping[str, Any]]:
+        """The plan rows of the batch record served, made of the rows when first asked."""
+        if self._plan_rows is None:
+            self._taken_apart()
+        assert self._plan_rows is not None
+        return self._plan_rows
+
+    @property
+    def recorded(self) -> Sequence[Mapping[str, Any] | None]:
+        """The results of the batch record served, made of the rows when first asked."""
+        if self._recorded is None:
+            self._taken_apart()
+        assert self._recorded is not None
+        return self._recorded
+
+    def _how(self, i: int) -> str | None:
+        """How the recorded batch says call `i` went (None: it holds no such call)."""
+        rows = self.rows
+        if rows is not None:
+            return rows[i][4] if i < len(rows) else None
+        plan_rows = self.plan_rows
+        return plan_rows[i]["how"] if i < len(plan_rows) else None
 
     def _cut_here(self, planned: PlannedCall) -> bool:
         """Whether `planned` is a call left unfinished when a tool's own run control (an
         interrupt, a block, a KeyboardInterrupt) cut the recorded batch short: served by
         raising that again, so the batch is cut as it was."""
-        if not self.cutting:
-            return False
-        i = planned.index
-        row = self.plan_rows[i] if i < len(self.plan_rows) else None
-        return row is not None and row["how"] == "unfinished"
+        return self.cutting and self._how(planned.index) == "unfinished"
 
     def _cut(self, planned: PlannedCall) -> BaseException:
         cut: BaseException
@@ -2213,12 +2292,16 @@ class _BatchServer:
         )
         return ToolResult(planned.call_id, planned.name, Status.failed, f"replay: {field} differs")
 
-    def _recorded(self, planned: PlannedCall) -> tuple[ToolResult, bool]:
+    def _recorded_result(self, planned: PlannedCall) -> tuple[ToolResult, bool]:
         """(the recorded result of `planned`, True), or (a failed result, False) noting
         how it ran otherwise than recorded."""
         i = planned.index
-        row = self.plan_rows[i] if i < len(self.plan_rows) else None
-        want = self.recorded[i] if i < len(self.recorded) else None
+        rows = self.rows
+        if rows is not None:
+            return self._recorded_row(planned, rows[i] if i < len(rows) else None)
+        plan_rows, recorded = self.plan_rows, self.recorded
+        row = plan_rows[i] if i < len(plan_rows) else None
+        want = recorded[i] if i < len(recorded) else None
         if row is None or row["how"] != "ran" or want is None:
             return self._differs(planned, "how", f"{row and row['how']}", "ran"), False
         key = _recorded_key(planned, self.secrets, clean=self.clean)
@@ -2229,17 +2312,46 @@ class _BatchServer:
         result = self.served[i] = _result_from_json(want)
         return result, True
 
+    def _recorded_row(self, planned: PlannedCall, row: list[Any] | None) -> tuple[ToolResult, bool]:
+        """`_recorded_result` of a `rows` record's `row` for `planned` (None: it has none),
+        as of the batch record it stands for (`_rows_apart`)."""
+        size = 0 if row is None else len(row)
+        if row is None or row[4] != "ran" or size < _ANSWERED_ROW:
+            return self._differs(planned, "how", f"{row and row[4]}", "ran"), False
+        name = row[-1] if size & 1 == 0 else row[1]  # the name it was planned under
+        tool = planned.tool
+        if self.clean and planned.sent is not None and (tool is None or not tool.defaults):
+            key = planned.key  # as `_recorded_key` finds first: nothing to redact
+        else:
+            key = _recorded_key(planned, self.secrets, clean=self.clean)
+        if name != planned.name:
+            return self._differs(planned, "name", name, planned.name), False
+        if row[3] != key:
+            return self._differs(planned, "key", str(row[3]), str(key)), False
+        # as `_result_from_json` makes it of the batch record's result: its flags booleans
+        # and its duration a float already (`_rows_formed`)
+        result = self.served[planned.index] = new_result(
+            row[0], name, _STATUS_OF[row[5]], row[6], row[7], row[8], row[9], row[10], row[11], row[12]
+        )
+        return result, True
+
     def serve_now(self, planned: PlannedCall) -> ToolResult | None:
         """Pass 2's quick way for a recorded result: at once, with nothing to run (None for
         `find_tools`, which runs for real)."""
-        if (planned.name == FIND_TOOLS and planned.tool is not None) or self._cut_here(planned):
+        if (planned.name == FIND_TOOLS and planned.tool is not None) or (
+            self.cutting and self._cut_here(planned)
+        ):
             return None
-        return self._recorded(planned)[0]
+        rows = self.rows
+        if rows is not None:  # most batches: straight to the row
+            i = planned.index
+            return self._recorded_row(planned, rows[i] if i < len(rows) else None)[0]
+        return self._recorded_result(planned)[0]
 
     async def __call__(self, planned: PlannedCall, ctx: ToolContext) -> ToolResult:
         if self._cut_here(planned):
             raise self._cut(planned)
-        recorded, same = self._recorded(planned)
+        recorded, same = self._recorded_result(planned)
         if same and planned.name == FIND_TOOLS and planned.tool is not None:
             # the dispatcher's own tool: it touches nothing outside the session, and loading
             # the schemas it finds is what later calls depend on, so it runs for real
@@ -2276,10 +2388,10 @@ def _first_divergence(
     """The earliest call, in call order, that pass 2 ran otherwise than recorded or whose
     result differs from the recorded one (status, content, name, deduped), the replayed
     text redacted as the recorder redacts it."""
-    recorded = serve.recorded
     divergences, secrets = serve.divergences, serve.secrets
     if not divergences and not secrets and list(map(id, results)) == list(map(id, serve.served)):
         return None  # each result is the one served, made from the recorded one: they agree
+    recorded = serve.recorded
     for i in range(max(len(recorded), len(results))):
         if i in divergences:
             return divergences[i]
@@ -2404,6 +2516,60 @@ def _replayed_calls(
     return calls, call_ids, texts
 
 
+def _rows_calls(rows: list[list[Any]], session: Session) -> tuple[list[Any], list[str], list[str] | None]:
+    """`_replayed_calls` of a `rows` record's rows, read as they are (`_rows_formed` checked
+    them): the calls of the batch record they stand for, as replay hands them to pass 1."""
+    calls: list[Any] = []
+    call_ids: list[str] = []
+    texts: list[str] | None = []
+    for row in rows:
+        call_id, name, arguments = row[0], row[1], row[2]
+        if type(arguments) is str and arguments and type(name) is str:
+            calls.append({"id": call_id, "function": {"name": name, "arguments": arguments}})
+        else:
+            calls.append(_replayed_call({"id": call_id, "name": name, "arguments": arguments}))
+        call_ids.append(call_id)
+        if texts is not None:
+            if type(arguments) is str:
+                texts.append(arguments)
+            else:
+                texts = None
+        if row[4] == "stopped":
+            planned = row[-1] if len(row) & 1 == 0 else name
+            placeholder = ToolResult(call_id, planned, Status.failed, "")
+            session._planner_state.finished[call_id] = FinishedCall(STOPPED_KEY, placeholder)
+    return calls, call_ids, texts
+
+
+def _served_batch(
+    number: int, line: int, batch: dict[str, Any], session: Session, rewriters: bool
+) -> tuple[list[Any], list[str], _BatchServer, Callable[..., Any], dict[str, Answer] | None]:
+    """What replays the batch record, or `rows` record (`_Stream` checked its rows), `batch`
+    on line `line`: its calls as pass 1 reads them, their ids, pass 2's runner serving the
+    recorded results, the gate answering as recorded, and the answers recorded."""
+    control = batch.get("control")
+    if batch["type"] == "rows":  # no decisions: the recorded gate asked nothing
+        rows = batch["rows"]
+        calls, call_ids, texts = _rows_calls(rows, session)
+        # arguments as JSON text holding no credential stay so through pass 1, unless a
+        # rewriter changes them: one scan for the whole batch
+        clean = not rewriters and texts is not None and _none_may_hold_credentials(texts)
+        serve = _BatchServer(number, line, None, None, clean=clean, control=control, rows=rows)
+        return calls, call_ids, serve, _UNDECIDED, None
+    calls, call_ids, texts = _replayed_calls(batch["calls"], batch["plan"], session)
+    decisions = batch.get("decisions", {})
+    # ... nor a recorded decision
+    clean = not rewriters and not decisions and texts is not None and _none_may_hold_credentials(texts)
+    serve = _BatchServer(number, line, batch["plan"], batch["results"], clean=clean, control=control)
+    gate = _recorded_gate(decisions) if decisions else _UNDECIDED
+    answers = {
+        k: Answer(v["answer"])
+        for k, v in decisions.items()
+        if isinstance(v, Mapping) and isinstance(v.get("answer"), str)
+    }
+    return calls, call_ids, serve, gate, answers
+
+
 async def _replay_batches(
     header: Mapping[str, Any],
     batches: _Stream,
@@ -2416,29 +2582,13 @@ async def _replay_batches(
     calls_seen = 0
     continues = header.get("continues")
     last_run = continues.get("run") if isinstance(continues, dict) else None
+    rewriters = bool(dispatcher.rewriters)
     number = 0
     for number, (line, batch) in enumerate(batches, 1):
         if last_run is not None and batch["run"] != last_run:
             session.new_run()
         last_run = batch["run"]
-        calls, call_ids, texts = _replayed_calls(batch["calls"], batch["plan"], session)
-        # arguments as JSON text holding no credential stay so through pass 1, unless a
-        # rewriter or a recorded decision changes them: one scan for the whole batch
-        clean = (
-            not dispatcher.rewriters
-            and not batch.get("decisions")
-            and texts is not None
-            and _none_may_hold_credentials(texts)
-        )
-        control = batch.get("control")
-        serve = _BatchServer(number, line, batch["plan"], batch["results"], clean=clean, control=control)
-        decisions = batch.get("decisions", {})
-        gate = _recorded_gate(decisions) if decisions else _UNDECIDED
-        answers = {
-            k: Answer(v["answer"])
-            for k, v in decisions.items()
-            if isinstance(v, Mapping) and isinstance(v.get("answer"), str)
-        }
+        calls, call_ids, serve, gate, answers = _served_batch(number, line, batch, session, rewriters)
         try:
             results = await session._dispatch(
                 calls, decisions=answers, all_loaded=bool(batch.get("all_loaded")), runner=serve, gate=gate

@@ -19,8 +19,9 @@ from dispatcher import Dispatcher, DispatchInterrupted, Registry, Status, Tool, 
 from dispatcher._recording import (
     FORMAT_VERSION,
     Recorder,
+    _batch_of_rows,
     _common_rows,
-    _taken_apart,
+    _rows_formed,
     _well_formed,
     encode_line,
     line_hash,
@@ -251,6 +252,99 @@ async def test_malformed_rows_are_problems_naming_their_line(
                 assert report.batches == number - 2, (where, report.batches)
 
 
+# values a row may hold that replay reads otherwise than recorded, or reads as the
+# recorder never writes them (a flag that is no boolean, a duration that is a whole number)
+_OTHER_ROWS: list[tuple[str, Callable[[list[Any]], Any]]] = [
+    ("another status", _row_edit(5, "failed")),
+    ("another content", _row_edit(6, "other")),
+    ("another id", _row_edit(0, "other-id")),
+    ("another name", _row_edit(1, "read")),
+    ("another planned name", lambda rows: [[*rows[0], "read"], *rows[1:]]),
+    ("a planned name that is its own", lambda rows: [[*rows[0], rows[0][1]], *rows[1:]]),
+    ("another key", _row_edit(3, "f" * 32)),
+    ("no key", _row_edit(3, None)),
+    ("deduped", _row_edit(4, "deduped")),
+    ("unfinished", _row_edit(4, "unfinished")),
+    ("stopped", _row_edit(4, "stopped")),
+    ("no result", lambda rows: [rows[0][:5], *rows[1:]]),
+    ("other arguments", _row_edit(2, '{"text": "other"}')),
+    ("arguments that are an object", _row_edit(2, {"text": "x"})),
+    ("arguments that are empty", _row_edit(2, "")),
+    ("a flag that is text", _row_edit(7, "yes")),
+    ("a deduped flag", _row_edit(10, True)),
+    ("a cached flag that is a number", _row_edit(9, 1)),
+    ("a duration that is whole", _row_edit(12, 2)),
+    ("a start that is text", _row_edit(11, "noon")),
+]
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_rows_edited_to_other_values_replay_as_the_batch_records_they_stand_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows edited to values replay reads otherwise than recorded, the chain made again, on
+    every answered rows line: served from the rows as they are and compared by identity,
+    the report is the one of the batch records they stand for, compared field by field;
+    between them they diverge in every field replay compares."""
+    path = tmp_path / "rows.jsonl"
+    await _session_batches(path)
+    data = path.read_bytes()
+    rows_lines = [n for n, kind in enumerate(kinds(path), 1) if kind == "rows"]
+    answered = [
+        n for n in rows_lines if all(len(row) == 13 for row in json.loads(_lines(data)[n - 1])["rows"])
+    ]
+    fields: set[str] = set()
+    for number in answered:
+        for name, change in _OTHER_ROWS:
+            report = await _replay_both(_broken(data, number, change, True), _registry, monkeypatch)
+            assert report.problem is None, (name, number, report.problem)
+            if report.divergence is not None:
+                fields.add(report.divergence.field)
+    assert {"status", "content", "name", "how", "key"} <= fields, fields
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_rows_line_edited_to_hold_a_credential_is_keyed_at_replay_as_the_recorder_keys_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch line of the call holding a credential made a rows line, its arguments the
+    call's own (the secret in them), its key and result the recorded ones, the chain made
+    again: replay keys it as the recorder did, of the arguments redacted, and served from
+    the row as from the batch record, finds nothing different; with the key of the
+    arguments as they are (the secret unredacted), both ways find the key differs."""
+    path = tmp_path / "rows.jsonl"
+    await _session_batches(path)
+    lines = _lines(path.read_bytes())
+    number = next(n for n, line in enumerate(lines, 1) if b"api_key" in line)
+    batch = json.loads(lines[number - 1])
+    assert batch["type"] == "batch"
+    [call], [plan], [result] = batch["calls"], batch["plan"], batch["results"]
+    arguments = json.dumps({"text": "k", "api_key": SECRET})
+    unredacted = run_pass1(make_planner(_registry()), [openai_call("k", "echo", arguments)]).calls[0].key
+    assert unredacted is not None and unredacted != plan["key"]
+    fields = (
+        "status",
+        "content",
+        "retryable",
+        "effect_uncertain",
+        "cached",
+        "deduped",
+        "started",
+        "duration",
+    )
+    for key, differs in ((plan["key"], False), (unredacted, True)):
+        row = [call["id"], call["name"], arguments, key, plan["how"], *(result[f] for f in fields)]
+        record = {k: batch[k] for k in ("run", "round", "all_loaded", "control", "seq", "prev")}
+        edited = [*lines[: number - 1], json.dumps({"type": "rows", **record, "rows": [row]}).encode()]
+        for later in lines[number:]:
+            again = json.loads(later)
+            again["prev"] = line_hash(edited[-1])
+            edited.append(json.dumps(again).encode())
+        report = await _replay_both(b"".join(line + b"\n" for line in edited), _registry, monkeypatch)
+        assert report.problem is None and report.batches == (number - 1 if differs else len(lines) - 1)
+        assert (report.divergence is not None and report.divergence.field == "key") is differs, report
+
+
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_a_recording_of_rows_lines_taken_apart_reads_the_same_both_ways(tmp_path: Path) -> None:
     """A recording of rows lines cut, garbled, reordered or edited as test_replay_stream
@@ -332,27 +426,30 @@ _WRITTEN_ROWS = (
     ["a", "echo", '{"text": "x"}', None, "unfinished"],
     ["a", "run_tool", '{"name": "echo"}', "k", "unfinished", "echo"],
     ["a", "echo", '{"text": "x"}', "k", "ran", "ok", "x", False, False, False, False, 1.7e9, 0.25],
-    ["a", "run_tool", "{}", "k", "deduped", "failed", "y", True, False, False, True, None, 1, "echo"],
+    ["a", "run_tool", "{}", "k", "deduped", "failed", "y", True, False, False, True, None, 1.0, "echo"],
 )
 _SPOILS = (None, 0, 1.5, True, "", "okay", [], {}, ["ok"])
 
 
-def test_a_rows_record_checked_as_it_is_taken_apart_is_what_the_batch_checks_pass() -> None:
-    """The stream checks a rows line's rows as it takes them apart, and asks the batch
-    record's checks nothing more when they pass: every kind of row as a recorder writes
-    it passes; with any one value of a row, or the record's run, seq or prev, spoiled, it
-    passes only where `_well_formed` does (which does not ask an unanswered call's id to
-    be text); and the batch is the same, field for field and in the same order, as the one
-    made field by field."""
+def test_a_rows_record_checked_as_it_is_is_what_the_batch_checks_pass() -> None:
+    """The stream checks a rows line's rows as they are, and asks the batch record's checks
+    nothing more when they pass: every kind of row as a recorder writes it passes; with
+    any one value of a row, or the record's run, seq or prev, spoiled, it passes only
+    where `_well_formed` passes the batch record it stands for (which does not ask an
+    unanswered call's id to be text, nor a result's flags to be booleans); and that batch
+    is the same, field for field and in the same order, as the one made field by field."""
 
-    def taken(rows: list[list[Any]], extra: bool = False, **fields: Any) -> tuple[dict[str, Any], bool]:
-        record = {"type": "rows", "run": 3, "round": 1, "all_loaded": False, "rows": rows, "control": None}
-        record |= {"seq": 2, "prev": "abc"} | fields | ({"edited": True} if extra else {})
-        return _taken_apart(record)
+    def record(rows: list[list[Any]], extra: bool = False, **fields: Any) -> dict[str, Any]:
+        made = {"type": "rows", "run": 3, "round": 1, "all_loaded": False, "rows": rows, "control": None}
+        return made | {"seq": 2, "prev": "abc"} | fields | ({"edited": True} if extra else {})
+
+    def checked(made: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        formed = _rows_formed(made)
+        return _batch_of_rows(dict(made)), formed
 
     cases = 0
     for extra in (False, True):
-        batch, formed = taken([list(r) for r in _WRITTEN_ROWS], extra)
+        batch, formed = checked(record([list(r) for r in _WRITTEN_ROWS], extra))
         assert formed and _well_formed(batch, True)
         general: dict[str, Any] = {"type": "batch", "run": 3, "round": 1, "all_loaded": False}
         general |= {k: batch[k] for k in ("calls", "decisions", "plan", "results")}
@@ -363,19 +460,25 @@ def test_a_rows_record_checked_as_it_is_taken_apart_is_what_the_batch_checks_pas
             for value in _SPOILS:
                 row = list(written)
                 row[at] = value
-                batch, formed = taken([list(_WRITTEN_ROWS[2]), row])
+                try:
+                    batch, formed = checked(record([list(_WRITTEN_ROWS[2]), row]))
+                except ValueError:  # a row of another length: no batch, and not formed
+                    assert not _rows_formed(record([row])), (row, value)
+                    continue
                 assert _well_formed(batch, True) or not formed, (row, value)
                 cases += formed != _well_formed(batch, True)
     for field in ("run", "seq", "prev"):
         for value in _SPOILS:
-            batch, formed = taken([list(r) for r in _WRITTEN_ROWS], **{field: value})
+            batch, formed = checked(record([list(r) for r in _WRITTEN_ROWS], **{field: value}))
             assert _well_formed(batch, True) or not formed, (field, value)
+    for rows in (None, 3, "rows", [3], [[]], [["a"] * 7]):
+        assert not _rows_formed(record(rows))  # type: ignore[arg-type]
     assert cases > 0  # some unanswered call's id the batch's checks let pass, and these do not
 
 
-async def test_every_rows_line_a_session_writes_is_checked_as_it_is_taken_apart(tmp_path: Path) -> None:
+async def test_every_rows_line_a_session_writes_is_checked_as_it_is(tmp_path: Path) -> None:
     """The lines of a session's recording, of every kind of rows (answered, not, planned
-    under another name), all pass the checks made as their rows are taken apart."""
+    under another name), all pass the checks made of their rows as they are."""
     path = tmp_path / "rows.jsonl"
     await _session_batches(path)
     rows_lines = [
@@ -383,8 +486,9 @@ async def test_every_rows_line_a_session_writes_is_checked_as_it_is_taken_apart(
     ]
     assert len(rows_lines) >= 4
     for line in rows_lines:
-        batch, formed = _taken_apart(json.loads(line))
-        assert formed and _well_formed(batch, True)
+        record = json.loads(line)
+        assert _rows_formed(record)
+        assert _well_formed(_batch_of_rows(record), True)
 
 
 # --- the calls as pass 1 read them ---------------------------------------------------------------

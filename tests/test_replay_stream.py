@@ -18,11 +18,14 @@ from hypothesis import strategies as st
 import dispatcher._recording as recording_module
 from dispatcher import Deny, Dispatcher, DispatchInterrupted, HookBlocked, Registry, Tool, ToolCall
 from dispatcher._recording import (
+    _batch_of_rows,
     _BatchServer,
     _read_data,
     _replay,
     _replayed_call,
     _replayed_calls,
+    _rows_calls,
+    _rows_formed,
     _Stream,
     line_hash,
 )
@@ -233,11 +236,18 @@ def _record_changes(
 
 
 def _read_by_stream(data: bytes, *, peek: bool) -> tuple[Any, ...]:
+    """What a stream reads of `data`, a rows record it hands out as read (its rows well
+    formed, `_rows_formed`) as the batch record it stands for."""
     stream = _Stream(data, "rec.jsonl")
     if peek:
         stream.any()
         stream.any()
-    batches = list(stream)
+    batches = []
+    for number, record in stream:
+        if record["type"] == "rows":
+            assert _rows_formed(record), number
+            record = _batch_of_rows(dict(record))
+        batches.append((number, record))
     assert next(stream, None) is None and not stream.any()
     return stream.header, batches, stream.truncated, stream.problem, stream.warnings
 
@@ -296,7 +306,12 @@ class _NeverServed(list[Any]):
         super().__setitem__(index, object())
 
 
-def _general_server(self: _BatchServer) -> None:
+_SERVER_MADE = _BatchServer.__init__
+
+
+def _general_server(self: _BatchServer, *args: Any, **kwargs: Any) -> None:
+    _SERVER_MADE(self, *args, **kwargs)
+    assert self.rows is None  # read whole: every batch a batch record
     self.served = _NeverServed([None] * len(self.recorded))
     self.cutting = self.control in ("DispatchInterrupted", "HookBlocked", "KeyboardInterrupt")
 
@@ -307,7 +322,7 @@ async def _replay_both(
     """The report of replaying `data` the quick way; asserts the general way reports the same."""
     quick = await _replay(_Stream(data, "rec.jsonl"), Dispatcher(registry(), **dispatcher))
     with monkeypatch.context() as m:
-        m.setattr(_BatchServer, "__attrs_post_init__", _general_server)
+        m.setattr(_BatchServer, "__init__", _general_server)
         general = await _replay(_Stream(data, "rec.jsonl", whole=True), Dispatcher(registry(), **dispatcher))
     assert quick == general
     return quick
@@ -444,6 +459,51 @@ def test_a_batchs_calls_read_in_one_pass_are_those_replayed_call_makes(recorded:
     assert texts == (arguments if all(type(a) is str for a in arguments) else None)
     stopped = {ids[i] for i, row in enumerate(plan) if row["how"] == "stopped"}
     assert set(session._planner_state.finished) == stopped
+
+
+_ROW_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.text(max_size=3), st.sampled_from(['{"a": 1}', "{}", ""])
+)
+_ROWS = st.lists(
+    st.one_of(
+        st.tuples(st.text(max_size=3), _ROW_VALUES, _ROW_VALUES),  # id (text, as checked), name, arguments
+        st.tuples(st.text(max_size=3), st.text(max_size=3), st.sampled_from(['{"a": 1}', "{}"])),
+    ).flatmap(
+        lambda call: st.tuples(
+            st.just(list(call)),
+            st.sampled_from(["ran", "stopped", "deduped", "unfinished"]),
+            st.booleans(),  # answered
+            st.one_of(st.none(), st.text(max_size=3)),  # planned under another name
+        )
+    ),
+    max_size=4,
+)
+
+
+@given(_ROWS)
+@settings(max_examples=150, deadline=None)
+def test_a_rows_records_calls_read_as_they_are_are_those_of_the_batch_record(made: Any) -> None:
+    """For rows of any values a checked rows record may hold: the calls, ids and texts
+    `_rows_calls` reads of them, and the calls it marks stopped, are those
+    `_replayed_calls` reads of the batch record they stand for."""
+    rows = []
+    for item, how, answered, planned in made:
+        row = [*item, None, how]
+        if answered:
+            row += ["ok", "x", False, False, False, False, None, 0.0]
+        rows.append(row + ([planned] if planned is not None else []))
+    record = {"type": "rows", "run": 1, "round": 1, "all_loaded": False, "rows": rows, "control": None}
+    record |= {"seq": 1, "prev": ""}
+    assume_formed = all(type(row[-1] if len(row) % 2 == 0 else row[1]) is str for row in rows)
+    assert _rows_formed(record) == assume_formed
+    batch = _batch_of_rows(json.loads(json.dumps(record)))
+    by_rows = Dispatcher(fake_registry(Counter(), {})).session("rows")
+    by_batch = Dispatcher(fake_registry(Counter(), {})).session("batch")
+    got = _rows_calls(rows, by_rows)
+    want = _replayed_calls(batch["calls"], batch["plan"], by_batch)
+    assert got == want
+    assert [type(c) for c in got[0]] == [type(c) for c in want[0]]
+    assert by_rows._planner_state.finished == by_batch._planner_state.finished
 
 
 async def test_a_secret_in_a_served_result_is_compared_as_the_general_way_compares_it(
