@@ -140,12 +140,36 @@ def test_the_floors_section_measures_every_workload_and_says_each_goal() -> None
         for size in (1, 10, 100):
             assert f"| {workload} | {size} |" in table
     assert figures["replay"]["calls"] > 0 and figures["replay"]["replay_calls_per_s"] > 0
+    assert figures["replay"]["floor_s"] > 0 and "The replay floor" in table
     assert all(figures["per_request"][k] > 0 for k in ("make_us", "first_us", "kept_us"))
     assert "A dispatcher made per request" in table
     assert all(figures["recording"][size]["floor"] > 0 for size in ("1", "100"))
     assert "line floor" in table
     verdicts = floors.goals(figures)
     assert len(verdicts) == 9 and all(goal.met in (True, False) for goal in verdicts)
+
+
+def test_the_replay_floor_runs_the_passes_and_hands_back_the_results_made_beforehand() -> None:
+    """The replay floor's runner, in a session's dispatch, hands pass 2 each call's result
+    as made beforehand: the batch's results are those very objects, in call order, and
+    no handler runs."""
+    import trio
+
+    from bench import floors
+    from dispatcher import Dispatcher, Status, ToolResult
+    from dispatcher._session import Session
+
+    calls = floors.batch("echo", 3, 0)
+    made = [ToolResult(c["id"], "echo", Status.ok, f"made {i}") for i, c in enumerate(calls)]
+
+    async def dispatched() -> list[ToolResult]:
+        session = Session(Dispatcher(floors._registry()), "floor", mode="direct", kept=False)
+        runner = floors._HandedAtOnce(made)
+        return await session._dispatch(list(calls), decisions=None, all_loaded=False, runner=runner)
+
+    results = trio.run(dispatched)
+    assert [id(r) for r in results] == [id(r) for r in made]
+    assert [r.content for r in results] == ["made 0", "made 1", "made 2"]
 
 
 def test_the_line_floor_writes_the_rows_line_a_recording_writes(tmp_path: Path) -> None:
