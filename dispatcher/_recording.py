@@ -2303,7 +2303,9 @@ class _BatchServer:
         row = plan_rows[i] if i < len(plan_rows) else None
         want = recorded[i] if i < len(recorded) else None
         if row is None or row["how"] != "ran" or want is None:
-            return self._differs(planned, "how", f"{row and row['how']}", "ran"), False
+            return self._differs(
+                planned, "how", _how_recorded(row and row["how"], want is None), "ran"
+            ), False
         key = _recorded_key(planned, self.secrets, clean=self.clean)
         if row["name"] != planned.name:
             return self._differs(planned, "name", row["name"], planned.name), False
@@ -2317,7 +2319,8 @@ class _BatchServer:
         as of the batch record it stands for (`_rows_apart`)."""
         size = 0 if row is None else len(row)
         if row is None or row[4] != "ran" or size < _ANSWERED_ROW:
-            return self._differs(planned, "how", f"{row and row[4]}", "ran"), False
+            how = _how_recorded(row and row[4], size < _ANSWERED_ROW)
+            return self._differs(planned, "how", how, "ran"), False
         name = row[-1] if size & 1 == 0 else row[1]  # the name it was planned under
         tool = planned.tool
         if self.clean and planned.sent is not None and (tool is None or not tool.defaults):
@@ -2360,6 +2363,12 @@ class _BatchServer:
             if recorded.status is Status.ok and again != recorded.content:
                 return self._differs(planned, "content", recorded.content, again)
         return recorded
+
+
+def _how_recorded(how: Any, unanswered: bool) -> str:
+    """How a recorded batch says a call went, as a divergence shows it: a call that ran
+    but has no result recorded (an edit) says so, rather than "ran" against "ran"."""
+    return "ran, with no result recorded" if how == "ran" and unanswered else f"{how}"
 
 
 _STATUS_OF = {s.value: s for s in Status}

@@ -304,6 +304,22 @@ async def test_rows_edited_to_other_values_replay_as_the_batch_records_they_stan
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_call_that_ran_with_no_result_recorded_is_named_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row that says its call ran but holds no result (an edit, the chain made again):
+    both ways report `how` differs, the expected side saying no result was recorded,
+    not "ran" against "ran"."""
+    path = tmp_path / "rows.jsonl"
+    await _session_batches(path)
+    broken = _broken(path.read_bytes(), 2, lambda rows: [rows[0][:5], *rows[1:]], True)
+    report = await _replay_both(broken, _registry, monkeypatch)
+    div = report.divergence
+    assert div is not None and (div.field, div.index, div.got) == ("how", 0, "ran"), report
+    assert div.expected == "ran, with no result recorded"
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_a_rows_line_edited_to_hold_a_credential_is_keyed_at_replay_as_the_recorder_keys_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
