@@ -1324,7 +1324,8 @@ class Recorder:
 
     def _continue_chain(self) -> list[bytes]:
         """The lines to write before the first record: the header for a new file; for a
-        file that already holds a recording, none, and the chain goes on from its last line."""
+        file that already holds a recording, the chain goes on from its last line, after a
+        `session` record unless this session's own chain goes on there (`resume_at`)."""
         try:
             # a FIFO, a terminal or a socket (`/dev/stdout`, a shell's `>(...)`) is a stream
             # that another reads: reading it would wait for a writer, this recorder, for
@@ -1350,6 +1351,16 @@ class Recorder:
         # the chain goes on regardless, and replay reports where it breaks
         self._seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
         self._prev = line_hash(last)
+        if resume is None and self._rows and _format_of(data) in _CHAINED_FORMATS:
+            # another session's recording (or this one's begun afresh, its state not kept):
+            # a `session` record says that its batches start from nothing, as it did (not in
+            # a file of an older format, whose readers replay on as before)
+            own = self._header
+            marker = {"type": "session", "session": own["session"], "mode": own["mode"]}
+            marker |= {"seq": self._seq + 1, "prev": self._prev}
+            line = json.dumps(marker, ensure_ascii=True).encode()
+            self._seq, self._prev = self._seq + 1, line_hash(line)
+            return [line]
         if resume is not None and resume[:2] != (self._seq, self._prev):
             log.warning(
                 "the recording %s ends at record %s, not at record %s where the session's state "
@@ -1530,7 +1541,9 @@ class _Recording:
     """A recording as read: what replays, and what reading found wrong or doubtful."""
 
     header: dict[str, Any]
-    batches: list[tuple[int, dict[str, Any]]]  # (line number, record), the header being line 1
+    # (line number, record), the header being line 1: its batch records, and a `session`
+    # record where another session's batches begin
+    batches: list[tuple[int, dict[str, Any]]]
     truncated: bool
     problem: str | None
     warnings: tuple[str, ...]
@@ -1960,6 +1973,9 @@ def _read_data(data: bytes, path: str | os.PathLike[str]) -> _Recording:
         elif kind == "batch":
             shape = _batch_problem(record, chained)
             wrong = None if shape is None else f"line {number}: {shape}"
+        elif kind == "session" and record.get("mode", "deferred") not in _MODES:
+            mode = record.get("mode")
+            wrong = f"line {number}: a session record's mode {mode!r} is not one of {', '.join(_MODES)}"
         elif chained and not (_is_int(record.get("seq")) and isinstance(record.get("prev"), str)):
             wrong = f"line {number}: a {kind!r} record without 'seq' or 'prev'"
         if wrong is None and chained:
@@ -1969,7 +1985,7 @@ def _read_data(data: bytes, path: str | os.PathLike[str]) -> _Recording:
         if wrong is not None:
             problem = wrong  # earlier in the file than a line that could not be read
             break
-        if kind == "batch":
+        if kind in ("batch", "session"):  # a session record: the batches after it replay afresh
             batches.append((number, record))
         if chained:
             seq_before, hash_before = record["seq"], line_hash(raw)
@@ -2096,7 +2112,8 @@ def read_recording(
     moved or edited, stops reading there and is named in `problem` (`line N: ...`, the
     header being line 1)."""
     recording = _read(path)
-    return recording.header, [b for _, b in recording.batches], recording.truncated, recording.problem
+    batches = [b for _, b in recording.batches if b["type"] != "session"]
+    return recording.header, batches, recording.truncated, recording.problem
 
 
 # --- replay -----------------------------------------------------------------------------
@@ -2481,13 +2498,20 @@ async def _replay(recording: _Stream, dispatcher: Dispatcher) -> ReplayReport:
         return report(0, 0, None)
     # a session of its own, in no session store and not among the dispatcher's: a replay
     # starts from nothing each time, whatever ran through this dispatcher before
-    session = Session(
-        dispatcher, f"replay:{header.get('session', '')}", mode=header.get("mode", "deferred"), kept=False
-    )
+    sessions: list[Session] = []
+
+    def fresh(of: Mapping[str, Any]) -> Session:
+        """A session of its own for the batches of the header or `session` record `of`."""
+        if sessions:
+            sessions[-1].close()
+        mode = of.get("mode", "deferred")
+        sessions.append(Session(dispatcher, f"replay:{of.get('session', '')}", mode=mode, kept=False))
+        return sessions[-1]
+
     try:
-        return await _replay_batches(header, recording, dispatcher, session, report)
+        return await _replay_batches(header, recording, dispatcher, fresh, report)
     finally:
-        session.close()
+        sessions[-1].close()
 
 
 def _replayed_calls(
@@ -2583,17 +2607,22 @@ async def _replay_batches(
     header: Mapping[str, Any],
     batches: _Stream,
     dispatcher: Dispatcher,
-    session: Session,
+    fresh: Callable[[Mapping[str, Any]], Session],
     report: Callable[[int, int, Divergence | None], ReplayReport],
 ) -> ReplayReport:
-    """The `batches` (line, record) of a recording with `header` through `session`,
-    compared one by one."""
+    """The `batches` (line, record) of a recording with `header` through a session of
+    their own (`fresh`), compared one by one; after a `session` record, through another."""
     calls_seen = 0
     continues = header.get("continues")
     last_run = continues.get("run") if isinstance(continues, dict) else None
     rewriters = bool(dispatcher.rewriters)
+    session = fresh(header)
     number = 0
-    for number, (line, batch) in enumerate(batches, 1):
+    for line, batch in batches:
+        if batch["type"] == "session":  # another session's batches from here: from nothing
+            session, last_run = fresh(batch), None
+            continue
+        number += 1
         if last_run is not None and batch["run"] != last_run:
             session.new_run()
         last_run = batch["run"]

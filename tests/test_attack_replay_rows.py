@@ -1167,19 +1167,14 @@ def test_generated_rows_do_reach_the_quick_way_and_replay_clean() -> None:
     assert report.ok and report.calls == 2, report
 
 
-# --- replay as such, both ways alike (outside the promise) -------------------------------------
+# --- replay as such, both ways alike --------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="two sessions recording into one file: the second's batches carry the same run, "
-    "and replay serves its repeat of the first session's call as a follower (deduped); "
-    "both ways alike, and so before this commit",
-)
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_two_sessions_recording_the_same_call_into_one_file_replay_clean(tmp_path: Path) -> None:
     """Two sessions recording into one file, each making the same call: both ways report
-    the same, and (which fails) the recording replays clean."""
+    the same, and the recording replays clean (the second's call ran anew, and replays so,
+    after the `session` record that says its batches start from nothing)."""
     path = tmp_path / "two.jsonl"
     d = Dispatcher(fake_registry(Counter(), {}))
     await d.session("one", record=path).dispatch([openai_call("1", "echo", {"text": "x"})])

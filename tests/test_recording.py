@@ -27,7 +27,7 @@ from dispatcher import (
     replay,
 )
 from dispatcher._credentials import redact
-from dispatcher._recording import FORMAT_VERSION, Recorder, line_hash
+from dispatcher._recording import FORMAT_VERSION, Recorder, line_hash, read_recording
 
 from ._fakes import Counter, call, fake_registry, openai_call
 from ._http import serving
@@ -474,14 +474,47 @@ async def test_the_chain_links_every_record_to_the_line_before(tmp_path: Path) -
 
 
 async def test_a_recorder_opened_on_a_recording_goes_on_with_its_chain(tmp_path: Path) -> None:
-    """A second session recording into the same file continues the numbering and the chain."""
+    """A second session recording into the same file continues the numbering and the chain,
+    after a `session` record naming it, which the batches read from the file leave out."""
     path = tmp_path / "s.jsonl"
     d = Dispatcher(fake_registry(Counter(), {}))
     await d.session("one", record=path).dispatch([call("1", "echo", text="x")])
     await d.session("two", record=path).dispatch([call("2", "echo", text="y")])
-    assert [r["seq"] for r in _records(path)] == [0, 1, 2]
+    records = _records(path)
+    assert [r["seq"] for r in records] == [0, 1, 2, 3]
+    marker = {"type": "session", "session": "two", "mode": "deferred", "seq": 2}
+    assert records[2] == marker | {"prev": line_hash(path.read_bytes().split(b"\n")[1])}
+    assert len(read_recording(path)[1]) == 2
     report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
     assert report.ok and report.calls == 2, (report.problem, report.divergence)
+
+
+async def test_a_session_record_starts_a_session_afresh_at_replay_and_a_bad_one_is_a_problem(
+    tmp_path: Path,
+) -> None:
+    """Two sessions making the same call into one file: replay runs the second's batches in
+    a session of their own, so its call replays as run, not deduped; without the `session`
+    record (the chain made again) it would be deduped, and a `session` record whose mode is
+    no mode is a problem naming its line."""
+    path = tmp_path / "s.jsonl"
+    d = Dispatcher(fake_registry(Counter(), {}))
+    await d.session("one", record=path).dispatch([call("1", "echo", text="x")])
+    await d.session("two", record=path, mode="direct").dispatch([call("2", "echo", text="x")])
+    records = _records(path)
+    assert [r["type"] for r in records] == ["header", "batch", "session", "batch"]
+    assert records[2]["mode"] == "direct"
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.ok and report.calls == 2 and report.batches == 2, report.divergence
+    without = [records[0], records[1], records[3]]
+    without[2]["seq"] = 2
+    _rewrite(path, without, rechain=True)
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.divergence is not None and report.divergence.field == "deduped", report
+    records[2]["mode"] = "sideways"
+    _rewrite(path, records, rechain=True)
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {})))
+    assert report.problem is not None and report.problem.startswith("line 3: a session record's mode")
+    assert report.batches == 1 and report.calls == 1, report
 
 
 async def test_a_recording_without_the_chain_replays_with_a_warning(tmp_path: Path) -> None:

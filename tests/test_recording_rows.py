@@ -154,7 +154,7 @@ async def test_a_recorder_going_on_with_a_format_2_file_writes_batch_lines(
     assert kinds(first)[0] == "header" and read_lines(first)[0]["format"] == FORMAT_VERSION
     await _session_batches(first, "again")
     written = kinds(first)
-    assert written[1:9] == written[9:] and written.count("rows") == 2 * 6
+    assert written[1:9] == written[10:] and written[9] == "session" and written.count("rows") == 2 * 6
     report = await replay(first, Dispatcher(_registry()))
     assert report.ok and report.batches == 16, report
 

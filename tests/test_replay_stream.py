@@ -610,6 +610,8 @@ async def test_a_record_changed_in_any_field_is_well_formed_only_if_it_has_no_pr
     well_formed = recording_module._well_formed
     for line in _lines(path.read_bytes())[1:]:
         record = json.loads(line)
+        if record["type"] == "session":  # where another session's batches begin: no batch
+            continue
         assert well_formed(record, True) and well_formed(record, False)
         for field in _field_paths(record):
             for change in [_drop(field), *(_set(field, junk) for junk in _JUNK)]:
