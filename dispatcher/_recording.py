@@ -2544,9 +2544,15 @@ def _replayed_calls(
             else:
                 texts = None
         if row["how"] == "stopped":
-            placeholder = ToolResult(call_id, row["name"], Status.failed, "")
-            session._planner_state.finished[call_id] = FinishedCall(STOPPED_KEY, placeholder)
+            _mark_stopped(session, call_id, row["name"])
     return calls, call_ids, texts
+
+
+def _mark_stopped(session: Session, call_id: str, name: str) -> None:
+    """Mark the call `call_id` of `name` stopped in `session`, as the session store's
+    started mark did then."""
+    placeholder = ToolResult(call_id, name, Status.failed, "")
+    session._planner_state.finished[call_id] = FinishedCall(STOPPED_KEY, placeholder)
 
 
 def _rows_calls(rows: list[list[Any]], session: Session) -> tuple[list[Any], list[str], list[str] | None]:
@@ -2568,9 +2574,7 @@ def _rows_calls(rows: list[list[Any]], session: Session) -> tuple[list[Any], lis
             else:
                 texts = None
         if row[4] == "stopped":
-            planned = row[-1] if len(row) & 1 == 0 else name
-            placeholder = ToolResult(call_id, planned, Status.failed, "")
-            session._planner_state.finished[call_id] = FinishedCall(STOPPED_KEY, placeholder)
+            _mark_stopped(session, call_id, row[-1] if len(row) & 1 == 0 else name)
     return calls, call_ids, texts
 
 
