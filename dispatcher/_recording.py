@@ -2498,20 +2498,22 @@ async def _replay(recording: _Stream, dispatcher: Dispatcher) -> ReplayReport:
         return report(0, 0, None)
     # a session of its own, in no session store and not among the dispatcher's: a replay
     # starts from nothing each time, whatever ran through this dispatcher before
-    sessions: list[Session] = []
+    opened: list[Session] = []  # the session replaying now, once one is: the one to close
 
     def fresh(of: Mapping[str, Any]) -> Session:
-        """A session of its own for the batches of the header or `session` record `of`."""
-        if sessions:
-            sessions[-1].close()
+        """A session of its own for the batches of the header or `session` record `of`,
+        the one before it closed."""
+        if opened:
+            opened.pop().close()
         mode = of.get("mode", "deferred")
-        sessions.append(Session(dispatcher, f"replay:{of.get('session', '')}", mode=mode, kept=False))
-        return sessions[-1]
+        opened.append(Session(dispatcher, f"replay:{of.get('session', '')}", mode=mode, kept=False))
+        return opened[0]
 
     try:
         return await _replay_batches(header, recording, dispatcher, fresh, report)
     finally:
-        sessions[-1].close()
+        if opened:
+            opened.pop().close()
 
 
 def _replayed_calls(
