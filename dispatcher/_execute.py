@@ -44,7 +44,7 @@ import attrs
 from . import _backend
 from ._exceptions import DispatchInterrupted, HookBlocked, ToolError
 from ._plan import Plan, PlannedCall
-from ._process import ProcessContext, ProcessPool
+from ._process import ProcessContext, ProcessPool, Start
 from ._registry import RegisteredTool
 from ._results import describe, failure_result, normalize_output
 from ._types import ContextHost, Status, ToolCall, ToolContext, ToolResult, new_context, new_result
@@ -1049,7 +1049,15 @@ class Executor:
             pool = self._watch.pool = ProcessPool()
         worker = pool.take()
         if worker is None:
-            worker = await anyio.to_thread.run_sync(pool.start, limiter=self._thread_limiter)
+            start = Start(pool)
+            try:
+                # the call's timeout does not wait for a fork: the worker is kept for the next
+                worker = await anyio.to_thread.run_sync(
+                    start, limiter=self._thread_limiter, abandon_on_cancel=True
+                )
+            except BaseException:
+                start.abandon()
+                raise
         snapshot = ProcessContext(
             ctx.call_id, ctx.tool_name, ctx.session_id, ctx.run_id, ctx.round, call_timeout
         )

@@ -10,7 +10,10 @@ handler by reference (module and qualified name, which registration checks), the
 arguments, the result, and a `ProcessContext` in place of the ToolContext.
 
 A worker starts in a thread (the first one also starts the forkserver, a few hundred
-milliseconds); that time counts toward the first call's timeout. Waiting for a reply is
+milliseconds, more on a loaded machine); that time counts toward the first call's timeout.
+A call whose timeout comes while its worker is still starting is timed out then, without
+waiting for the thread, and the worker, once started, waits idle for the next call
+(`Start`). Waiting for a reply is
 `_backend.wait_readable` on the pipe, so nothing here imports trio or asyncio; it needs
 a loop that can watch a file descriptor (POSIX: not asyncio's Proactor loop on Windows).
 """
@@ -23,6 +26,7 @@ import multiprocessing.connection
 import pickle
 import signal
 import sys
+import threading
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,7 +35,7 @@ import attrs
 
 from ._exceptions import ToolError
 
-__all__ = ["ProcessContext", "ProcessPool", "why_not_importable"]
+__all__ = ["ProcessContext", "ProcessPool", "Start", "why_not_importable"]
 
 
 @attrs.frozen
@@ -124,15 +128,23 @@ class ProcessPool:
         self._busy: set[_Worker] = set()
         self._dying: list[Any] = []
         self._closed = False
+        # workers whose call stopped waiting while they started, handed over from their
+        # thread; the lock also orders a hand-over against `shutdown`
+        self._lock = threading.Lock()
+        self._adopted: list[_Worker] = []
 
     def alive(self) -> int:
-        return len(self._idle) + len(self._busy)
+        return len(self._idle) + len(self._busy) + len(self._adopted)
 
     def take(self) -> _Worker | None:
-        """An idle worker, or None (start one with `start`, in a thread: it waits for a fork)."""
+        """An idle worker, or None (start one with a `Start`, in a thread: it waits for a fork)."""
         self._reap()
         if self._closed:
             raise RuntimeError("this Dispatcher was shut down: its worker processes are gone")
+        if self._adopted:
+            with self._lock:
+                self._idle.extend(self._adopted)
+                self._adopted.clear()
         while self._idle:
             worker = self._idle.pop()
             if worker.process.is_alive():
@@ -147,6 +159,16 @@ class ProcessPool:
         process.start()
         there.close()
         return _Worker(process, here)
+
+    def _adopt(self, worker: _Worker) -> None:
+        """Keep a worker nobody waits for any more, for the next call (the lock is held)."""
+        if self._closed:
+            with contextlib.suppress(Exception):
+                worker.process.kill()
+            with contextlib.suppress(Exception):
+                worker.conn.close()
+        else:
+            self._adopted.append(worker)
 
     async def run(
         self,
@@ -216,7 +238,10 @@ class ProcessPool:
     def shutdown(self) -> None:
         """Kill every worker, idle or busy; the pool refuses new calls from now on. A busy
         worker's pipe is left to its call, which sees it end and fails."""
-        self._closed = True
+        with self._lock:
+            self._closed = True
+            self._idle.extend(self._adopted)
+            self._adopted.clear()
         for worker in self._busy:
             with contextlib.suppress(Exception):
                 worker.process.kill()
@@ -228,6 +253,33 @@ class ProcessPool:
                 process.join(1)
         self._dying = []
         self._reap()
+
+
+class Start:
+    """One worker started for one call, in a thread (`__call__`), which the call may stop
+    waiting for (its timeout, `abandon`): then the worker goes to the pool once started,
+    whichever of the two comes second."""
+
+    __slots__ = ("_abandoned", "_pool", "_worker")
+
+    def __init__(self, pool: ProcessPool) -> None:
+        self._pool = pool
+        self._worker: _Worker | None = None
+        self._abandoned = False
+
+    def __call__(self) -> _Worker:
+        worker = self._pool.start()
+        with self._pool._lock:
+            self._worker = worker
+            if self._abandoned:
+                self._pool._adopt(worker)
+        return worker
+
+    def abandon(self) -> None:
+        with self._pool._lock:
+            self._abandoned = True
+            if self._worker is not None:
+                self._pool._adopt(self._worker)
 
 
 def _exit_code(process: Any) -> str:

@@ -73,6 +73,10 @@ async def test_a_process_call_past_its_timeout_is_killed_and_its_slot_freed_at_o
     )
     d = Dispatcher(reg, max_concurrent=1)
     try:
+        # the forkserver starts with the first worker (seconds on a loaded machine): start
+        # it first, so what is timed below is the kill, not the start
+        warm = await d.invoke("describe", {"n": 0})
+        assert warm.status is Status.ok, warm.content
         began = time.monotonic()
         with anyio.fail_after(15):
             hang, described = await d.session("s").dispatch(
@@ -90,6 +94,75 @@ async def test_a_process_call_past_its_timeout_is_killed_and_its_slot_freed_at_o
     assert d.statistics().process_workers == 0
     after = await d.invoke("describe", {"n": 2})
     assert after.status is Status.failed and "shut down" in after.content
+
+
+async def test_a_call_whose_timeout_comes_while_its_worker_starts_is_timed_out_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker that takes longer to start than the call's timeout (a loaded machine, the
+    forkserver's first start) does not hold the call past it: the call is timed_out at its
+    timeout, and the worker, once started, serves the next call rather than being lost."""
+    from dispatcher import _process
+
+    real_start = _process.ProcessPool.start
+    starts: list[float] = []
+
+    def slow_start(self: _process.ProcessPool) -> Any:
+        starts.append(time.monotonic())
+        time.sleep(1.2)
+        return real_start(self)
+
+    monkeypatch.setattr(_process.ProcessPool, "start", slow_start)
+    reg = Registry([tool("describe", worker.describe_call, isolation="process", timeout=0.3)])
+    d = Dispatcher(reg, max_concurrent=1)
+    try:
+        with anyio.fail_after(15):
+            first = await d.invoke("describe", {"n": 1})
+        assert first.status is Status.timed_out, first.content
+        assert 0.3 <= first.duration < 0.9  # not the 1.2 s the start took
+        with anyio.fail_after(15):
+            while d.statistics().process_workers == 0:  # noqa: ASYNC110  # the start goes on in its thread
+                await anyio.sleep(0.05)
+        monkeypatch.setattr(_process.ProcessPool, "start", real_start)
+        second = await d.invoke("describe", {"n": 2})
+        assert second.status is Status.ok, second.content
+        assert len(starts) == 1  # the second call got the first one's worker
+        assert d.statistics().process_workers == 1
+    finally:
+        d.shutdown()
+    assert d.statistics().process_workers == 0
+
+
+async def test_a_worker_that_finishes_starting_after_shutdown_is_killed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker whose call stopped waiting and whose Dispatcher shut down before it started
+    is killed as it arrives: nothing outlives the shutdown."""
+    from dispatcher import _process
+
+    real_start = _process.ProcessPool.start
+    started: list[Any] = []
+
+    def slow_start(self: _process.ProcessPool) -> Any:
+        time.sleep(0.8)
+        w = real_start(self)
+        started.append(w)
+        return w
+
+    monkeypatch.setattr(_process.ProcessPool, "start", slow_start)
+    reg = Registry([tool("describe", worker.describe_call, isolation="process", timeout=0.2)])
+    d = Dispatcher(reg, max_concurrent=1)
+    with anyio.fail_after(15):
+        first = await d.invoke("describe", {"n": 1})
+    assert first.status is Status.timed_out, first.content
+    d.shutdown()
+    with anyio.fail_after(15):
+        while not started:  # noqa: ASYNC110  # set by the starting thread
+            await anyio.sleep(0.05)
+        w = started[0]
+        while w.process.is_alive():  # noqa: ASYNC110  # another process
+            await anyio.sleep(0.05)
+    assert d.statistics().process_workers == 0
 
 
 async def test_results_errors_and_crashes_cross_the_process_boundary() -> None:
