@@ -44,7 +44,8 @@ import attrs
 from . import _backend
 from ._exceptions import DispatchInterrupted, HookBlocked, ToolError
 from ._plan import Plan, PlannedCall
-from ._process import ProcessContext, ProcessPool, Start
+from ._pool import ProcessPool, Start
+from ._process import ProcessContext
 from ._registry import RegisteredTool
 from ._results import describe, failure_result, normalize_output
 from ._types import ContextHost, Status, ToolCall, ToolContext, ToolResult, new_context, new_result

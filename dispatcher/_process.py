@@ -9,33 +9,25 @@ replaced by a new one on the next call. What crosses the boundary is pickled: th
 handler by reference (module and qualified name, which registration checks), the
 arguments, the result, and a `ProcessContext` in place of the ToolContext.
 
-A worker starts in a thread (the first one also starts the forkserver, a few hundred
-milliseconds, more on a loaded machine); that time counts toward the first call's timeout.
-A call whose timeout comes while its worker is still starting is timed out then, without
-waiting for the thread, and the worker, once started, waits idle for the next call
-(`Start`). Waiting for a reply is
-`_backend.wait_readable` on the pipe, so nothing here imports trio or asyncio; it needs
-a loop that can watch a file descriptor (POSIX: not asyncio's Proactor loop on Windows).
+This module is what registration and a worker need (the registry imports it, so it keeps
+to no thread or event loop); the pool of workers, in the host, is `_pool`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
 import multiprocessing.connection
 import pickle
 import signal
 import sys
-import threading
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
 from ._exceptions import ToolError
 
-__all__ = ["ProcessContext", "ProcessPool", "Start", "why_not_importable"]
+__all__ = ["ProcessContext", "why_not_importable"]
 
 
 @attrs.frozen
@@ -107,187 +99,3 @@ def _serve(conn: multiprocessing.connection.Connection) -> None:
             conn.send(reply)
         except Exception as exc:
             conn.send(("raised", f"the result could not be sent back from the worker: {describe(exc)}"))
-
-
-@attrs.define(eq=False)
-class _Worker:
-    process: Any  # multiprocessing's Process of the forkserver context
-    conn: multiprocessing.connection.Connection
-
-
-class ProcessPool:
-    """Idle workers kept for the next call; busy ones are the calls' own until they answer."""
-
-    def __init__(self) -> None:
-        methods = multiprocessing.get_all_start_methods()
-        self._mp: Any = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-        if "forkserver" in methods:
-            # the server imports the kernel once; each worker is a fork of it
-            self._mp.set_forkserver_preload(["dispatcher._process"])
-        self._idle: list[_Worker] = []
-        self._busy: set[_Worker] = set()
-        self._dying: list[Any] = []
-        self._closed = False
-        # workers whose call stopped waiting while they started, handed over from their
-        # thread; the lock also orders a hand-over against `shutdown`
-        self._lock = threading.Lock()
-        self._adopted: list[_Worker] = []
-
-    def alive(self) -> int:
-        return len(self._idle) + len(self._busy) + len(self._adopted)
-
-    def take(self) -> _Worker | None:
-        """An idle worker, or None (start one with a `Start`, in a thread: it waits for a fork)."""
-        self._reap()
-        if self._closed:
-            raise RuntimeError("this Dispatcher was shut down: its worker processes are gone")
-        if self._adopted:
-            with self._lock:
-                self._idle.extend(self._adopted)
-                self._adopted.clear()
-        while self._idle:
-            worker = self._idle.pop()
-            if worker.process.is_alive():
-                return worker
-            self._dying.append(worker.process)
-        return None
-
-    def start(self) -> _Worker:
-        """A new worker (called in a thread; it touches none of the pool's bookkeeping)."""
-        here, there = self._mp.Pipe()
-        process = self._mp.Process(target=_serve, args=(there,), daemon=True, name="threepass-worker")
-        process.start()
-        there.close()
-        return _Worker(process, here)
-
-    def _adopt(self, worker: _Worker) -> None:
-        """Keep a worker nobody waits for any more, for the next call (the lock is held)."""
-        if self._closed:
-            with contextlib.suppress(Exception):
-                worker.process.kill()
-            with contextlib.suppress(Exception):
-                worker.conn.close()
-        else:
-            self._adopted.append(worker)
-
-    async def run(
-        self,
-        worker: _Worker,
-        handler: Callable[..., Any],
-        args: Mapping[str, Any],
-        ctx: ProcessContext,
-        wait_readable: Callable[[int], Any],
-    ) -> Any:
-        """Run one call on `worker`: its return value, or a ToolError saying what the handler
-        raised (a KeyboardInterrupt is raised as itself).
-        Cancelled (the timeout) or dead, the worker is killed; answered, it goes back idle."""
-        answered = False
-        self._busy.add(worker)
-        try:
-            if self._closed:
-                raise RuntimeError("this Dispatcher was shut down: its worker processes are gone")
-            try:
-                worker.conn.send((handler, dict(args), ctx))
-            except (pickle.PicklingError, TypeError, AttributeError) as exc:
-                answered = True  # nothing was written: the worker is still waiting, unharmed
-                raise ToolError(f"the arguments cannot be sent to a worker process: {exc}") from None
-            await wait_readable(worker.conn.fileno())
-            try:
-                reply = worker.conn.recv()
-            except (EOFError, OSError):
-                code = _exit_code(worker.process)
-                raise ToolError(
-                    f"the worker process running {ctx.tool_name} ended without answering ({code})"
-                ) from None
-            answered = True
-        finally:
-            self._busy.discard(worker)
-            if answered and not self._closed:
-                self._idle.append(worker)
-            else:
-                self._kill(worker)
-        kind = reply[0]
-        if kind == "ok":
-            return reply[1]
-        if kind == "tool_error":
-            raise ToolError(reply[1], retryable=reply[2])
-        if kind == "keyboard":
-            raise KeyboardInterrupt
-        raise ToolError(reply[1])  # the worker's `describe` of what the handler raised
-
-    def _kill(self, worker: _Worker) -> None:
-        with contextlib.suppress(Exception):
-            worker.process.kill()
-        with contextlib.suppress(Exception):
-            worker.conn.close()
-        self._dying.append(worker.process)
-
-    def _reap(self) -> None:
-        """Collect the workers that were killed (without waiting for any)."""
-        if not self._dying:
-            return
-        still = []
-        for process in self._dying:
-            if process.is_alive():
-                still.append(process)
-            else:
-                with contextlib.suppress(Exception):
-                    process.close()
-        self._dying = still
-
-    def shutdown(self) -> None:
-        """Kill every worker, idle or busy; the pool refuses new calls from now on. A busy
-        worker's pipe is left to its call, which sees it end and fails."""
-        with self._lock:
-            self._closed = True
-            self._idle.extend(self._adopted)
-            self._adopted.clear()
-        for worker in self._busy:
-            with contextlib.suppress(Exception):
-                worker.process.kill()
-        for worker in self._idle:
-            self._kill(worker)
-        self._idle.clear()
-        for process in self._dying:
-            with contextlib.suppress(Exception):
-                process.join(1)
-        self._dying = []
-        self._reap()
-
-
-class Start:
-    """One worker started for one call, in a thread (`__call__`), which the call may stop
-    waiting for (its timeout, `abandon`): then the worker goes to the pool once started,
-    whichever of the two comes second."""
-
-    __slots__ = ("_abandoned", "_pool", "_worker")
-
-    def __init__(self, pool: ProcessPool) -> None:
-        self._pool = pool
-        self._worker: _Worker | None = None
-        self._abandoned = False
-
-    def __call__(self) -> _Worker:
-        worker = self._pool.start()
-        with self._pool._lock:
-            self._worker = worker
-            if self._abandoned:
-                self._pool._adopt(worker)
-        return worker
-
-    def abandon(self) -> None:
-        with self._pool._lock:
-            self._abandoned = True
-            if self._worker is not None:
-                self._pool._adopt(self._worker)
-
-
-def _exit_code(process: Any) -> str:
-    process.join(1)
-    code = process.exitcode
-    if code is None:
-        return "still running"
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-code).name}"
-    return f"exit code {code}"

@@ -18,7 +18,7 @@ import attrs
 if TYPE_CHECKING:
     from ._backend import BlockWatch
     from ._plan import PlannedCall
-    from ._process import ProcessPool
+    from ._pool import ProcessPool
 
 __all__ = ["DEFAULT_BLOCK_THRESHOLD", "DispatcherStatistics", "StuckCall", "Watch"]
 

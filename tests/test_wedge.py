@@ -102,17 +102,17 @@ async def test_a_call_whose_timeout_comes_while_its_worker_starts_is_timed_out_t
     """A worker that takes longer to start than the call's timeout (a loaded machine, the
     forkserver's first start) does not hold the call past it: the call is timed_out at its
     timeout, and the worker, once started, serves the next call rather than being lost."""
-    from dispatcher import _process
+    from dispatcher import _pool
 
-    real_start = _process.ProcessPool.start
+    real_start = _pool.ProcessPool.start
     starts: list[float] = []
 
-    def slow_start(self: _process.ProcessPool) -> Any:
+    def slow_start(self: _pool.ProcessPool) -> Any:
         starts.append(time.monotonic())
         time.sleep(1.2)
         return real_start(self)
 
-    monkeypatch.setattr(_process.ProcessPool, "start", slow_start)
+    monkeypatch.setattr(_pool.ProcessPool, "start", slow_start)
     reg = Registry([tool("describe", worker.describe_call, isolation="process", timeout=0.3)])
     d = Dispatcher(reg, max_concurrent=1)
     try:
@@ -123,7 +123,7 @@ async def test_a_call_whose_timeout_comes_while_its_worker_starts_is_timed_out_t
         with anyio.fail_after(15):
             while d.statistics().process_workers == 0:  # noqa: ASYNC110  # the start goes on in its thread
                 await anyio.sleep(0.05)
-        monkeypatch.setattr(_process.ProcessPool, "start", real_start)
+        monkeypatch.setattr(_pool.ProcessPool, "start", real_start)
         second = await d.invoke("describe", {"n": 2})
         assert second.status is Status.ok, second.content
         assert len(starts) == 1  # the second call got the first one's worker
@@ -138,18 +138,18 @@ async def test_a_worker_that_finishes_starting_after_shutdown_is_killed(
 ) -> None:
     """A worker whose call stopped waiting and whose Dispatcher shut down before it started
     is killed as it arrives: nothing outlives the shutdown."""
-    from dispatcher import _process
+    from dispatcher import _pool
 
-    real_start = _process.ProcessPool.start
+    real_start = _pool.ProcessPool.start
     started: list[Any] = []
 
-    def slow_start(self: _process.ProcessPool) -> Any:
+    def slow_start(self: _pool.ProcessPool) -> Any:
         time.sleep(0.8)
         w = real_start(self)
         started.append(w)
         return w
 
-    monkeypatch.setattr(_process.ProcessPool, "start", slow_start)
+    monkeypatch.setattr(_pool.ProcessPool, "start", slow_start)
     reg = Registry([tool("describe", worker.describe_call, isolation="process", timeout=0.2)])
     d = Dispatcher(reg, max_concurrent=1)
     with anyio.fail_after(15):
