@@ -283,6 +283,94 @@ async def test_a_recording_cut_anywhere_reads_as_read_whole(tmp_path: Path, reco
             assert _read_by_stream(changed, peek=False) == _read_whole(changed), (at, byte)
 
 
+# how far ahead a stream reads: one batch, three, and lines up to 300 bytes (a line at a
+# time for most of these recordings' batch lines); the tests above read with the default
+_READ_AHEADS = {"one batch": (1, 1 << 20), "three batches": (3, 1 << 20), "300 bytes": (64, 300)}
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # the reading alone: no loop changes it
+@pytest.mark.parametrize("ahead", list(_READ_AHEADS))
+@pytest.mark.parametrize("recording", RECORDINGS)
+async def test_a_recording_read_a_few_batches_ahead_reads_as_read_whole(
+    tmp_path: Path, recording: Any, ahead: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However far ahead of the batches handed out a stream reads, any edit, cut or garbled
+    byte of a recording reads as a whole reading reads it."""
+    monkeypatch.setattr(recording_module, "_READ_AHEAD", _READ_AHEADS[ahead][0])
+    monkeypatch.setattr(recording_module, "_READ_AHEAD_BYTES", _READ_AHEADS[ahead][1])
+    path = tmp_path / "r.jsonl"
+    await recording(path)
+    data = path.read_bytes()
+    for name, edited in _edits(data):
+        assert _read_by_stream(edited, peek=True) == _read_whole(edited), name
+    for end in range(0, len(data) + 1, 3):
+        assert _read_by_stream(data[:end], peek=False) == _read_whole(data[:end]), end
+    for at in range(0, len(data), 11):
+        changed = data[:at] + b"\n" + data[at + 1 :]
+        assert _read_by_stream(changed, peek=False) == _read_whole(changed), at
+
+
+async def _many_batches(path: Path, batches: int, text: str = "x") -> None:
+    d = Dispatcher(fake_registry(Counter(), {}))
+    s = d.session("many", mode="direct", record=path)
+    for n in range(batches):
+        s.new_run()
+        await s.dispatch([call(f"c{n}", "echo", text=f"{text}{n}")])
+    s.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_stream_reads_at_most_so_many_batches_or_bytes_ahead(tmp_path: Path) -> None:
+    """A stream holds no more than `_READ_AHEAD` batches read and not handed out, nor reads
+    ahead more than `_READ_AHEAD_BYTES` of lines (beyond the line it is in), and a long
+    recording still reads as read whole."""
+    path = tmp_path / "r.jsonl"
+    await _many_batches(path, 150)
+    data = path.read_bytes()
+    stream = _Stream(data, "r.jsonl")
+    handed = 0
+    for _ in stream:
+        handed += 1
+        assert stream._number - 1 - handed <= recording_module._READ_AHEAD  # read, not handed out
+    assert handed == 150 and stream.problem is None and not stream.truncated
+    assert _read_by_stream(data, peek=False) == _read_whole(data)
+    big = tmp_path / "big.jsonl"
+    await _many_batches(big, 12, text="y" * 400_000)  # lines of about 0.8 MB: one or two a run
+    stream = _Stream(big.read_bytes(), "big.jsonl")
+    first = next(stream)
+    assert first[0] == 2 and stream._number <= 4  # the header, one or two batches, the one after
+    assert _read_by_stream(big.read_bytes(), peek=False) == _read_whole(big.read_bytes())
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+@pytest.mark.parametrize("ahead", list(_READ_AHEADS))
+async def test_a_long_recording_replays_the_same_however_far_ahead_it_is_read(
+    tmp_path: Path, ahead: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recording of many batches, as recorded and with an edit deep inside it, replays to
+    the same report read some batches ahead and read whole."""
+    monkeypatch.setattr(recording_module, "_READ_AHEAD", _READ_AHEADS[ahead][0])
+    monkeypatch.setattr(recording_module, "_READ_AHEAD_BYTES", _READ_AHEADS[ahead][1])
+    path = tmp_path / "r.jsonl"
+    await _many_batches(path, 90)
+    data = path.read_bytes()
+    registry = lambda: fake_registry(Counter(), {})  # noqa: E731
+    report = await _replay_both(data, registry, monkeypatch)
+    assert report.ok and report.batches == 90
+    lines = _lines(data)
+    records = [json.loads(line) for line in lines]
+    if "rows" in records[70]:  # a key the call's arguments do not make
+        records[70]["rows"][0][3] = "f" * 32
+    else:
+        records[70]["plan"][0]["key"] = "f" * 32
+    edited = await _replay_both(_rechained(records), registry, monkeypatch)
+    assert edited.divergence is not None and edited.divergence.batch == 70
+    assert edited.divergence.field == "key"
+    garbled = await _replay_both(_joined([*lines[:80], b"{garbled", *lines[81:]]), registry, monkeypatch)
+    assert garbled.divergence is None and garbled.batches == 79  # those before the line
+    assert garbled.problem is not None and garbled.problem.startswith("line 81 is not a JSON record")
+
+
 @given(
     st.lists(
         st.sampled_from([b"", b"{}", b"[", b"x", b"\n", b"\n\n", b'{"type":"batch"}', b"\xff"]), max_size=6
