@@ -73,7 +73,7 @@ import stat
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -2069,11 +2069,22 @@ class _Stream:
         if ready:
             self._handed += 1
             return ready.pop()
-        if self._rest is not None:
-            if self._handed < len(self._rest):
-                self._handed += 1
-                return self._rest[self._handed - 1]
+        if self._rest is not None and self._handed < len(self._rest):
+            self._handed += 1
+            return self._rest[self._handed - 1]
         raise StopIteration
+
+    def next_run(self) -> list[tuple[int, dict[str, Any]]]:
+        """The next batch and those read and vouched for after it (`_read_ahead`), in order;
+        none at the end."""
+        first = next(self, None)
+        if first is None:
+            return []
+        run, ready = [first], self._ready
+        while ready:
+            self._handed += 1
+            run.append(ready.pop())
+        return run
 
     def _read_ahead(self) -> None:
         """Read the lines after the last one read until `_READ_AHEAD` batches are vouched for
@@ -2246,6 +2257,7 @@ class _BatchServer:
     __slots__ = (
         "_plan_rows",
         "_recorded",
+        "_results",
         "clean",
         "control",
         "cutting",
@@ -2282,6 +2294,9 @@ class _BatchServer:
         # a run control cut the recorded batch short; an edited record may hold anything
         # there, a list say, which no set can be asked about
         self.cutting = type(control) is str and control in _CUTS
+        # of rows: each call's recorded result made as `_recorded_row` serves it, as the
+        # rows are read (None: a row with no result)
+        self._results = [] if rows is None else [_row_result(row) for row in rows]
 
     def _taken_apart(self) -> None:
         assert self.rows is not None
@@ -2374,11 +2389,9 @@ class _BatchServer:
             return self._differs(planned, "name", name, planned.name), False
         if row[3] != key:
             return self._differs(planned, "key", str(row[3]), str(key)), False
-        # as `_result_from_json` makes it of the batch record's result: its flags booleans
-        # and its duration a float already (`_rows_formed`)
-        result = self.served[planned.index] = new_result(
-            row[0], name, _STATUS_OF[row[5]], row[6], row[7], row[8], row[9], row[10], row[11], row[12]
-        )
+        result = self._results[planned.index]
+        assert result is not None  # a row of that size holds one
+        self.served[planned.index] = result
         return result, True
 
     def serve_now(self, planned: PlannedCall) -> ToolResult | None:
@@ -2406,6 +2419,18 @@ class _BatchServer:
             if recorded.status is Status.ok and again != recorded.content:
                 return self._differs(planned, "content", recorded.content, again)
         return recorded
+
+
+def _row_result(row: list[Any]) -> ToolResult | None:
+    """The result a checked row (`_rows_formed`) holds, as `_result_from_json` makes it of
+    the batch record's result (its flags booleans and its duration a float already), under
+    the name the call was planned under; None for a row with no result."""
+    if len(row) < _ANSWERED_ROW:
+        return None
+    name = row[-1] if len(row) & 1 == 0 else row[1]
+    return new_result(
+        row[0], name, _STATUS_OF[row[5]], row[6], row[7], row[8], row[9], row[10], row[11], row[12]
+    )
 
 
 def _how_recorded(how: Any, unanswered: bool) -> str:
@@ -2543,15 +2568,16 @@ async def _replay(recording: _Stream, dispatcher: Dispatcher) -> ReplayReport:
 
 
 def _replayed_calls(
-    recorded: Sequence[Mapping[str, Any]], plan: Sequence[Mapping[str, Any]], session: Session
-) -> tuple[list[Any], list[str], list[str] | None]:
+    recorded: Sequence[Mapping[str, Any]], plan: Sequence[Mapping[str, Any]]
+) -> tuple[list[Any], list[str], list[str] | None, list[tuple[str, str]]]:
     """The calls of a batch record as replay hands them to pass 1 (`_replayed_call`), their
-    ids, and their arguments if every call holds them as text (None if one does not). A
-    call the plan says was stopped is marked in `session` as the session store's started
-    mark did then."""
+    ids, their arguments if every call holds them as text (None if one does not), and the
+    (id, name) of each call the plan says was stopped, to be marked as the session
+    store's started mark did then (`_mark_stopped`)."""
     calls: list[Any] = []
     call_ids: list[str] = []
     texts: list[str] | None = []
+    stopped: list[tuple[str, str]] = []
     for item, row in zip(recorded, plan, strict=True):
         arguments = item.get("arguments")
         if (
@@ -2572,8 +2598,8 @@ def _replayed_calls(
             else:
                 texts = None
         if row["how"] == "stopped":
-            _mark_stopped(session, call_id, row["name"])
-    return calls, call_ids, texts
+            stopped.append((call_id, row["name"]))
+    return calls, call_ids, texts, stopped
 
 
 def _mark_stopped(session: Session, call_id: str, name: str) -> None:
@@ -2583,12 +2609,15 @@ def _mark_stopped(session: Session, call_id: str, name: str) -> None:
     session._planner_state.finished[call_id] = FinishedCall(STOPPED_KEY, placeholder)
 
 
-def _rows_calls(rows: list[list[Any]], session: Session) -> tuple[list[Any], list[str], list[str] | None]:
+def _rows_calls(
+    rows: list[list[Any]],
+) -> tuple[list[Any], list[str], list[str] | None, list[tuple[str, str]]]:
     """`_replayed_calls` of a `rows` record's rows, read as they are (`_rows_formed` checked
     them): the calls of the batch record they stand for, as replay hands them to pass 1."""
     calls: list[Any] = []
     call_ids: list[str] = []
     texts: list[str] | None = []
+    stopped: list[tuple[str, str]] = []
     for row in rows:
         call_id, name, arguments = row[0], row[1], row[2]
         if type(arguments) is str and arguments and type(name) is str:
@@ -2602,26 +2631,34 @@ def _rows_calls(rows: list[list[Any]], session: Session) -> tuple[list[Any], lis
             else:
                 texts = None
         if row[4] == "stopped":
-            _mark_stopped(session, call_id, row[-1] if len(row) & 1 == 0 else name)
-    return calls, call_ids, texts
+            stopped.append((call_id, row[-1] if len(row) & 1 == 0 else name))
+    return calls, call_ids, texts, stopped
 
 
-def _served_batch(
-    number: int, line: int, batch: dict[str, Any], session: Session, rewriters: bool
-) -> tuple[list[Any], list[str], _BatchServer, Callable[..., Any], dict[str, Answer] | None]:
+class _Served(NamedTuple):
+    """What replays one batch (`_served_batch`)."""
+
+    calls: list[Any]  # as pass 1 reads them
+    call_ids: list[str]
+    serve: _BatchServer  # pass 2's runner, serving the recorded results
+    gate: Callable[..., Any]  # answering as recorded
+    answers: dict[str, Answer] | None  # the answers recorded
+    stopped: list[tuple[str, str]]  # the calls to mark stopped before it plans (`_mark_stopped`)
+
+
+def _served_batch(number: int, line: int, batch: dict[str, Any], rewriters: bool) -> _Served:
     """What replays the batch record, or `rows` record (`_Stream` checked its rows), `batch`
-    on line `line`: its calls as pass 1 reads them, their ids, pass 2's runner serving the
-    recorded results, the gate answering as recorded, and the answers recorded."""
+    on line `line`, the `number`th batch."""
     control = batch.get("control")
     if batch["type"] == "rows":  # no decisions: the recorded gate asked nothing
         rows = batch["rows"]
-        calls, call_ids, texts = _rows_calls(rows, session)
+        calls, call_ids, texts, stopped = _rows_calls(rows)
         # arguments as JSON text holding no credential stay so through pass 1, unless a
         # rewriter changes them: one scan for the whole batch
         clean = not rewriters and texts is not None and _none_may_hold_credentials(texts)
         serve = _BatchServer(number, line, None, None, clean=clean, control=control, rows=rows)
-        return calls, call_ids, serve, _UNDECIDED, None
-    calls, call_ids, texts = _replayed_calls(batch["calls"], batch["plan"], session)
+        return _Served(calls, call_ids, serve, _UNDECIDED, None, stopped)
+    calls, call_ids, texts, stopped = _replayed_calls(batch["calls"], batch["plan"])
     decisions = batch.get("decisions", {})
     # ... nor a recorded decision
     clean = not rewriters and not decisions and texts is not None and _none_may_hold_credentials(texts)
@@ -2632,7 +2669,26 @@ def _served_batch(
         for k, v in decisions.items()
         if isinstance(v, Mapping) and isinstance(v.get("answer"), str)
     }
-    return calls, call_ids, serve, gate, answers
+    return _Served(calls, call_ids, serve, gate, answers, stopped)
+
+
+def _served_ahead(
+    batches: _Stream, rewriters: bool
+) -> Iterator[tuple[int, int, dict[str, Any], _Served | None]]:
+    """(number, line, record, `_served_batch`) of each batch of `batches` in turn (None and
+    the number before for a `session` record), those of a run the stream read together
+    (`_Stream.next_run`) made before the first of them is handed on: together, as the
+    lines were read, rather than each between two dispatches."""
+    number = 0
+    while run := batches.next_run():
+        made: list[tuple[int, int, dict[str, Any], _Served | None]] = []
+        for line, batch in run:
+            if batch["type"] == "session":
+                made.append((number, line, batch, None))
+                continue
+            number += 1
+            made.append((number, line, batch, _served_batch(number, line, batch, rewriters)))
+        yield from made
 
 
 async def _replay_batches(
@@ -2650,15 +2706,16 @@ async def _replay_batches(
     rewriters = bool(dispatcher.rewriters)
     session = fresh(header)
     number = 0
-    for line, batch in batches:
-        if batch["type"] == "session":  # another session's batches from here: from nothing
+    for number, line, batch, served in _served_ahead(batches, rewriters):
+        if served is None:  # a session record: another session's batches from here, from nothing
             session, last_run = fresh(batch), None
             continue
-        number += 1
         if last_run is not None and batch["run"] != last_run:
             session.new_run()
         last_run = batch["run"]
-        calls, call_ids, serve, gate, answers = _served_batch(number, line, batch, session, rewriters)
+        calls, call_ids, serve, gate, answers, stopped = served
+        for call_id, name in stopped:
+            _mark_stopped(session, call_id, name)
         try:
             results = await session._dispatch(
                 calls, decisions=answers, all_loaded=bool(batch.get("all_loaded")), runner=serve, gate=gate

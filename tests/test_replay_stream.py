@@ -538,15 +538,13 @@ def test_a_batchs_calls_read_in_one_pass_are_those_replayed_call_makes(recorded:
     """For recorded calls of any shape: the calls `_replayed_call` makes, the ids as replay
     names them, and the texts only when every call's arguments are text."""
     plan = [{"how": hows[i % len(hows)] if hows else "ran", "name": "n"} for i in range(len(recorded))]
-    session = Dispatcher(fake_registry(Counter(), {})).session("s")
-    calls, ids, texts = _replayed_calls(recorded, plan, session)
+    calls, ids, texts, stopped = _replayed_calls(recorded, plan)
     assert calls == [_replayed_call(c) for c in recorded]
     assert [type(c) for c in calls] == [type(_replayed_call(c)) for c in recorded]
     assert ids == [str(c.get("id", "")) for c in recorded]
     arguments = [c.get("arguments") for c in recorded]
     assert texts == (arguments if all(type(a) is str for a in arguments) else None)
-    stopped = {ids[i] for i, row in enumerate(plan) if row["how"] == "stopped"}
-    assert set(session._planner_state.finished) == stopped
+    assert stopped == [(ids[i], "n") for i, row in enumerate(plan) if row["how"] == "stopped"]
 
 
 _ROW_VALUES = st.one_of(
@@ -585,13 +583,10 @@ def test_a_rows_records_calls_read_as_they_are_are_those_of_the_batch_record(mad
     assume_formed = all(type(row[-1] if len(row) % 2 == 0 else row[1]) is str for row in rows)
     assert _rows_formed(record) == assume_formed
     batch = _batch_of_rows(json.loads(json.dumps(record)))
-    by_rows = Dispatcher(fake_registry(Counter(), {})).session("rows")
-    by_batch = Dispatcher(fake_registry(Counter(), {})).session("batch")
-    got = _rows_calls(rows, by_rows)
-    want = _replayed_calls(batch["calls"], batch["plan"], by_batch)
-    assert got == want
+    got = _rows_calls(rows)
+    want = _replayed_calls(batch["calls"], batch["plan"])
+    assert got == want  # the calls, ids, texts and the calls to mark stopped
     assert [type(c) for c in got[0]] == [type(c) for c in want[0]]
-    assert by_rows._planner_state.finished == by_batch._planner_state.finished
 
 
 async def test_a_secret_in_a_served_result_is_compared_as_the_general_way_compares_it(
