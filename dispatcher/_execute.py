@@ -44,7 +44,7 @@ import attrs
 from . import _backend
 from ._exceptions import DispatchInterrupted, HookBlocked, ToolError
 from ._plan import Plan, PlannedCall
-from ._pool import ProcessPool, Start
+from ._pool import ProcessPool, Start, WorkerGone
 from ._process import ProcessContext
 from ._registry import RegisteredTool
 from ._results import describe, failure_result, normalize_output
@@ -1048,21 +1048,24 @@ class Executor:
             if self._watch.closed:
                 raise RuntimeError("this Dispatcher was shut down: it starts no worker processes")
             pool = self._watch.pool = ProcessPool()
-        worker = pool.take()
-        if worker is None:
-            start = Start(pool)
-            try:
-                # the call's timeout does not wait for a fork: the worker is kept for the next
-                worker = await anyio.to_thread.run_sync(
-                    start, limiter=self._thread_limiter, abandon_on_cancel=True
-                )
-            except BaseException:
-                start.abandon()
-                raise
         snapshot = ProcessContext(
             ctx.call_id, ctx.tool_name, ctx.session_id, ctx.run_id, ctx.round, call_timeout
         )
-        return await pool.run(worker, handler, args, snapshot, _backend.wait_readable)
+        for _ in range(2):  # a second worker if the first had ended before the call reached it
+            worker = pool.take()
+            if worker is None:
+                start = Start(pool)
+                try:
+                    # the call's timeout does not wait for a fork: the worker is kept for the next
+                    worker = await anyio.to_thread.run_sync(
+                        start, limiter=self._thread_limiter, abandon_on_cancel=True
+                    )
+                except BaseException:
+                    start.abandon()
+                    raise
+            with contextlib.suppress(WorkerGone):
+                return await pool.run(worker, handler, args, snapshot, _backend.wait_readable)
+        raise ToolError(f"two worker processes ended before {ctx.tool_name} reached either")
 
     async def _in_thread(
         self,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import multiprocessing.connection
+import os
 import pickle
 import signal
 import threading
@@ -25,9 +26,46 @@ from typing import Any
 import attrs
 
 from ._exceptions import ToolError
-from ._process import ProcessContext, _serve
+from ._process import ProcessContext
 
-__all__ = ["ProcessPool", "Start"]
+__all__ = ["ProcessPool", "Start", "WorkerGone"]
+
+
+class WorkerGone(Exception):
+    """The worker a call was given had ended before the call reached it: nothing ran, and
+    the call may be given another worker."""
+
+
+def _serve(conn: multiprocessing.connection.Connection) -> None:
+    """A worker's loop: one (handler, args, ctx) in, one reply out, until the pipe closes."""
+    # a group of its own, so that a kill reaches what its handlers started too (`_kill_group`)
+    with contextlib.suppress(OSError):
+        os.setpgrp()
+    # a Ctrl-C at the terminal reaches the host's process group: the host decides, not us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from ._results import describe
+
+    while True:
+        try:
+            handler, args, ctx = conn.recv()
+        except EOFError:
+            return
+        except Exception as exc:
+            conn.send(("raised", f"the arguments could not be read in the worker process: {describe(exc)}"))
+            continue
+        reply: tuple[Any, ...]
+        try:
+            reply = ("ok", handler(args, ctx))
+        except ToolError as exc:
+            reply = ("tool_error", exc.message, exc.retryable)
+        except KeyboardInterrupt:
+            reply = ("keyboard",)
+        except BaseException as exc:  # everything a handler raises is its failure
+            reply = ("raised", describe(exc))
+        try:
+            conn.send(reply)
+        except Exception as exc:
+            conn.send(("raised", f"the result could not be sent back from the worker: {describe(exc)}"))
 
 
 @attrs.define(eq=False)
@@ -44,7 +82,7 @@ class ProcessPool:
         self._mp: Any = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
         if "forkserver" in methods:
             # the server imports the kernel once; each worker is a fork of it
-            self._mp.set_forkserver_preload(["dispatcher._process"])
+            self._mp.set_forkserver_preload(["dispatcher._pool"])
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
         self._dying: list[Any] = []
@@ -68,9 +106,11 @@ class ProcessPool:
                 self._adopted.clear()
         while self._idle:
             worker = self._idle.pop()
-            if worker.process.is_alive():
+            # an idle worker's pipe holds nothing to read: one that reads has ended (EOF),
+            # which the forkserver may not have reaped yet, as `is_alive` waits for
+            if worker.process.is_alive() and not _readable(worker.conn):
                 return worker
-            self._dying.append(worker.process)
+            self._kill(worker)
         return None
 
     def start(self) -> _Worker:
@@ -84,8 +124,7 @@ class ProcessPool:
     def _adopt(self, worker: _Worker) -> None:
         """Keep a worker nobody waits for any more, for the next call (the lock is held)."""
         if self._closed:
-            with contextlib.suppress(Exception):
-                worker.process.kill()
+            _kill_group(worker.process)
             with contextlib.suppress(Exception):
                 worker.conn.close()
         else:
@@ -100,7 +139,8 @@ class ProcessPool:
         wait_readable: Callable[[int], Any],
     ) -> Any:
         """Run one call on `worker`: its return value, or a ToolError saying what the handler
-        raised (a KeyboardInterrupt is raised as itself).
+        raised (a KeyboardInterrupt is raised as itself); `WorkerGone` if the worker had
+        ended before the call reached it.
         Cancelled (the timeout) or dead, the worker is killed; answered, it goes back idle."""
         answered = False
         self._busy.add(worker)
@@ -112,6 +152,8 @@ class ProcessPool:
             except (pickle.PicklingError, TypeError, AttributeError) as exc:
                 answered = True  # nothing was written: the worker is still waiting, unharmed
                 raise ToolError(f"the arguments cannot be sent to a worker process: {exc}") from None
+            except OSError:  # its end of the pipe closed: it had ended, and read nothing
+                raise WorkerGone from None
             await wait_readable(worker.conn.fileno())
             try:
                 reply = worker.conn.recv()
@@ -137,8 +179,7 @@ class ProcessPool:
         raise ToolError(reply[1])  # the worker's `describe` of what the handler raised
 
     def _kill(self, worker: _Worker) -> None:
-        with contextlib.suppress(Exception):
-            worker.process.kill()
+        _kill_group(worker.process)
         with contextlib.suppress(Exception):
             worker.conn.close()
         self._dying.append(worker.process)
@@ -164,8 +205,7 @@ class ProcessPool:
             self._idle.extend(self._adopted)
             self._adopted.clear()
         for worker in self._busy:
-            with contextlib.suppress(Exception):
-                worker.process.kill()
+            _kill_group(worker.process)
         for worker in self._idle:
             self._kill(worker)
         self._idle.clear()
@@ -201,6 +241,25 @@ class Start:
             self._abandoned = True
             if self._worker is not None:
                 self._pool._adopt(self._worker)
+
+
+def _readable(conn: multiprocessing.connection.Connection) -> bool:
+    """Whether `conn` has something to read, or has ended (a closed one counts as ended)."""
+    try:
+        return conn.poll()
+    except (OSError, EOFError, ValueError):
+        return True
+
+
+def _kill_group(process: Any) -> None:
+    """SIGKILL a worker and the processes its handlers started: its process group (`_serve`
+    makes it one of its own), while the worker is not known to have ended (its id is then
+    still its own), and the worker itself in any case."""
+    with contextlib.suppress(Exception):
+        if process.exitcode is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        process.kill()
 
 
 def _exit_code(process: Any) -> str:

@@ -1,31 +1,29 @@
 """Worker processes for `Tool(isolation="process")`: a sync handler that may never return
-runs in a process of its own, which is killed (SIGKILL) at the call's timeout, so its
-limiter slot is free at once instead of held by a thread nobody can stop.
+runs in a process of its own, which is killed (SIGKILL) at the call's timeout with the
+processes it started (its process group), so its limiter slot is free at once instead of
+held by a thread nobody can stop.
 
 A pool per Dispatcher, started on the first such call. Workers come from the
 "forkserver" start method (a fresh server, forked per worker: no copy of the host's
 threads or locks) and are kept between calls; a worker that was killed or died is
-replaced by a new one on the next call. What crosses the boundary is pickled: the
+replaced by a new one on the next call (a call given one that had ended before the call
+reached it goes to another). What crosses the boundary is pickled: the
 handler by reference (module and qualified name, which registration checks), the
 arguments, the result, and a `ProcessContext` in place of the ToolContext.
 
-This module is what registration and a worker need (the registry imports it, so it keeps
-to no thread or event loop); the pool of workers, in the host, is `_pool`.
+This module is what registration needs (the registry imports it, so it keeps to no
+thread, process or event loop); the pool of workers and their loop are `_pool`.
 """
 
 from __future__ import annotations
 
-import multiprocessing.connection
 import pickle
-import signal
 import sys
 import types
 from collections.abc import Callable
 from typing import Any
 
 import attrs
-
-from ._exceptions import ToolError
 
 __all__ = ["ProcessContext", "why_not_importable"]
 
@@ -70,32 +68,3 @@ def why_not_importable(fn: Callable[..., Any]) -> str | None:
     except Exception as exc:
         return f"it cannot be pickled for a worker process: {exc}"
     return None
-
-
-def _serve(conn: multiprocessing.connection.Connection) -> None:
-    """A worker's loop: one (handler, args, ctx) in, one reply out, until the pipe closes."""
-    # a Ctrl-C at the terminal reaches the whole process group: the host decides, not us
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from ._results import describe
-
-    while True:
-        try:
-            handler, args, ctx = conn.recv()
-        except EOFError:
-            return
-        except Exception as exc:
-            conn.send(("raised", f"the arguments could not be read in the worker process: {describe(exc)}"))
-            continue
-        reply: tuple[Any, ...]
-        try:
-            reply = ("ok", handler(args, ctx))
-        except ToolError as exc:
-            reply = ("tool_error", exc.message, exc.retryable)
-        except KeyboardInterrupt:
-            reply = ("keyboard",)
-        except BaseException as exc:  # everything a handler raises is its failure
-            reply = ("raised", describe(exc))
-        try:
-            conn.send(reply)
-        except Exception as exc:
-            conn.send(("raised", f"the result could not be sent back from the worker: {describe(exc)}"))

@@ -40,3 +40,54 @@ def exit_hard(args: Mapping[str, Any], ctx: Any) -> str:
 
 def unpicklable_result(args: Mapping[str, Any], ctx: Any) -> Any:
     return lambda: None
+
+
+# --- for tests/test_attack_process_pool.py ---------------------------------------------
+
+
+def pid_and_clock(args: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
+    """The worker's pid and the wall clock (comparable across processes) as it began."""
+    return {"pid": os.getpid(), "began": time.time(), "call_id": ctx.call_id}
+
+
+def note_pid_then_hang(args: Mapping[str, Any], ctx: Any) -> str:
+    """Write the worker's pid to `args["path"]`, then never return."""
+    with open(args["path"], "a") as f:
+        f.write(f"{os.getpid()}\n")
+    while True:
+        time.sleep(60)
+
+
+def note_pid_then_spin(args: Mapping[str, Any], ctx: Any) -> str:
+    """Write the worker's pid to `args["path"]`, then busy-loop (running, not sleeping)."""
+    with open(args["path"], "a") as f:
+        f.write(f"{os.getpid()}\n")
+    while True:
+        pass
+
+
+def sleep_for(args: Mapping[str, Any], ctx: Any) -> int:
+    time.sleep(float(args["s"]))
+    return os.getpid()
+
+
+class NeedsTwo(Exception):
+    """Pickles in the worker, fails to unpickle in the host (its __init__ takes two)."""
+
+    def __init__(self, a: Any, b: Any) -> None:
+        super().__init__(f"{a}-{b}")
+
+
+def unloadable_result(args: Mapping[str, Any], ctx: Any) -> Any:
+    return NeedsTwo(1, 2)
+
+
+def spawn_sleeper_then_hang(args: Mapping[str, Any], ctx: Any) -> str:
+    """Start a child process (`sleep 30`), note its pid in `args["path"]`, then never return."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "30"])
+    with open(args["path"], "a") as f:
+        f.write(f"{child.pid}\n")
+    while True:
+        time.sleep(60)
