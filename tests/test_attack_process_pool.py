@@ -17,7 +17,17 @@ from typing import Any
 import anyio
 import pytest
 
-from dispatcher import Dispatcher, Registry, Status, Tool, ToolCall, ToolResult, _pool
+from dispatcher import (
+    Dispatcher,
+    ProcessContext,
+    Registry,
+    Status,
+    Tool,
+    ToolCall,
+    ToolResult,
+    _backend,
+    _pool,
+)
 
 from . import _process_tools as worker
 
@@ -781,3 +791,50 @@ async def test_caller_cancels_a_concurrent_batch_while_starting_then_running_not
     finally:
         d.shutdown()
     assert await eventually(lambda: not live_workers(), 2.0)
+
+
+def _stopped_forkserver() -> int:
+    return multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[no-any-return,attr-defined]
+
+
+async def test_the_pool_does_not_hand_out_an_idle_worker_that_died_before_it_was_reaped() -> None:
+    """`take()` of a pool whose only idle worker was killed, dead as /proc shows but not yet
+    reaped by the forkserver (held stopped), so that `is_alive` still says yes: no worker
+    (a new one is to be started), and the dead one is not counted."""
+    pool = _pool.ProcessPool()
+    worker_ = pool.start()
+    try:
+        ctx = ProcessContext("c", "pid", "s", 1, 1, 5.0)
+        with anyio.fail_after(10):
+            reply = await pool.run(worker_, worker.pid_and_clock, {}, ctx, _backend.wait_readable)
+        pid = reply["pid"]
+        server = _stopped_forkserver()
+        os.kill(server, signal.SIGSTOP)
+        try:
+            os.kill(pid, signal.SIGKILL)
+            spin_until_dead(pid)
+            assert worker_.process.is_alive()  # not reaped: what `take` must not go by alone
+            assert pool.take() is None
+            assert pool.alive() == 0
+        finally:
+            os.kill(server, signal.SIGCONT)
+    finally:
+        pool.shutdown()
+
+
+async def test_a_call_sent_to_a_worker_that_had_ended_is_worker_gone_and_nothing_ran() -> None:
+    """`run` on a worker that ended before the call reached it (its pipe closed) raises
+    WorkerGone, which lets the call go to another worker, rather than a failure of the
+    call; the dead worker is not kept."""
+    pool = _pool.ProcessPool()
+    worker_ = pool.start()
+    try:
+        pid = worker_.process.pid
+        os.kill(pid, signal.SIGKILL)
+        spin_until_dead(pid)
+        ctx = ProcessContext("c", "pid", "s", 1, 1, 5.0)
+        with anyio.fail_after(10), pytest.raises(_pool.WorkerGone):
+            await pool.run(worker_, worker.pid_and_clock, {"n": 1}, ctx, _backend.wait_readable)
+        assert pool.alive() == 0
+    finally:
+        pool.shutdown()
