@@ -56,17 +56,20 @@ def _git_server(repo: Path) -> tuple[str, list[str]]:
 
 
 def _server_pids() -> set[int]:
-    """The live (not zombie) child processes of this test process."""
+    """The live (not zombie) child processes of this test process, but for the forkserver
+    and resource tracker that an earlier test's worker processes (`isolation="process"`)
+    left running in it."""
     found = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             stat = Path(f"/proc/{entry}/stat").read_text()
+            command = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[1]) == os.getpid():
+        if fields[0] != "Z" and int(fields[1]) == os.getpid() and b"from multiprocessing." not in command:
             found.add(int(entry))
     return found
 
