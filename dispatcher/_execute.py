@@ -1047,7 +1047,7 @@ class Executor:
         if pool is None:
             if self._watch.closed:
                 raise RuntimeError("this Dispatcher was shut down: it starts no worker processes")
-            pool = self._watch.pool = ProcessPool()
+            pool = self._watch.pool = ProcessPool(keep=int(self._limiter.total_tokens))
         snapshot = ProcessContext(
             ctx.call_id, ctx.tool_name, ctx.session_id, ctx.run_id, ctx.round, call_timeout
         )

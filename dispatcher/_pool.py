@@ -77,7 +77,8 @@ class _Worker:
 class ProcessPool:
     """Idle workers kept for the next call; busy ones are the calls' own until they answer."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = 1) -> None:
+        self._keep = max(1, keep)  # workers kept at most: the Dispatcher's limit, as no more run at once
         methods = multiprocessing.get_all_start_methods()
         self._mp: Any = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
         if "forkserver" in methods:
@@ -122,8 +123,9 @@ class ProcessPool:
         return _Worker(process, here)
 
     def _adopt(self, worker: _Worker) -> None:
-        """Keep a worker nobody waits for any more, for the next call (the lock is held)."""
-        if self._closed:
+        """Keep a worker nobody waits for any more, for the next call, unless the pool has
+        as many as it keeps already (the lock is held)."""
+        if self._closed or len(self._idle) + len(self._busy) + len(self._adopted) >= self._keep:
             _kill_group(worker.process)
             with contextlib.suppress(Exception):
                 worker.conn.close()
