@@ -1,6 +1,9 @@
 """The pool of worker processes for `Tool(isolation="process")`, one per Dispatcher,
-started on the first such call (what crosses to a worker, and the worker's loop, are
-`_process`).
+started on the first such call, and the workers' own loop (`_serve`; what crosses to a
+worker is `_process`'s). It keeps as many workers as the Dispatcher's limit at most. Each
+worker is a process group of its own, and a kill is SIGKILL to the group: the processes
+a handler started go with it. An idle worker that ended is not handed out, and a call
+sent to a worker that had ended (`WorkerGone`) goes to another.
 
 A worker starts in a thread (the first one also starts the forkserver, a few hundred
 milliseconds, more on a loaded machine); that time counts toward the first call's timeout.
@@ -124,7 +127,8 @@ class ProcessPool:
 
     def _adopt(self, worker: _Worker) -> None:
         """Keep a worker nobody waits for any more, for the next call, unless the pool has
-        as many as it keeps already (the lock is held)."""
+        as many as it keeps already (the lock is held; the idle and busy ones, which the
+        loop's thread changes, are only counted here: a bound, not a ledger)."""
         if self._closed or len(self._idle) + len(self._busy) + len(self._adopted) >= self._keep:
             _kill_group(worker.process)
             with contextlib.suppress(Exception):
