@@ -2089,9 +2089,9 @@ class _Stream:
     def _read_ahead(self) -> None:
         """Read the lines after the last one read until `_READ_AHEAD` batches are vouched for
         (`_ready`, last first), `_READ_AHEAD_BYTES` are read, or the file ends; at a line
-        that is anything but a
-        well-formed batch following the one before, the whole file is read instead
-        (`_read_whole`), and the batches not yet handed out are those of `_rest`."""
+        that is anything but a well-formed batch following the one before, the whole file
+        is read instead (`_read_whole`), and the batches not yet handed out are those of
+        `_rest`."""
         data = self._data
         vouched: list[tuple[int, dict[str, Any]]] = []
         until = self._at + _READ_AHEAD_BYTES
