@@ -1994,9 +1994,11 @@ def _read_data(data: bytes, path: str | os.PathLike[str]) -> _Recording:
 
 # A replay reads and checks the batches ahead of those it replays, up to so many of them
 # or so many bytes of their lines (at least one line): read in a run rather than one
-# between each two batches replayed, the bench's replay takes about 5% less time
-_READ_AHEAD = 64
-_READ_AHEAD_BYTES = 1 << 20
+# between each two batches replayed, the bench's replay takes a few percent less time.
+# Runs of 16 did as well as runs of 64 when the shared machine was quiet and 7-9% better
+# in a slow spell: what a shorter run holds stays in the caches.
+_READ_AHEAD = 16
+_READ_AHEAD_BYTES = 1 << 18
 
 
 class _Stream:
