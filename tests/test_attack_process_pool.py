@@ -170,7 +170,8 @@ def check_batch(results: list[ToolResult], calls: list[ToolCall]) -> None:
 async def test_a_mixed_batch_gets_one_result_per_call_in_order(tmp_path: Path) -> None:
     """Calls that return, hang, spin, crash (os._exit), raise, return an unpicklable value or
     one the host cannot unpickle each get exactly one result, in call order, ids kept (a
-    repeated id is refused in its place); every worker that hung or spun is dead by the end of the batch."""
+    repeated id is refused in its place); every worker that hung or spun is dead by the
+    end of the batch."""
     path = tmp_path / "pids"
     reg = Registry(
         [
