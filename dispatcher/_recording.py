@@ -1773,6 +1773,12 @@ _ANSWERED_ROW = 13
 _ROW_SIZES = frozenset({_UNANSWERED_ROW, _UNANSWERED_ROW + 1, _ANSWERED_ROW, _ANSWERED_ROW + 1})
 
 
+def _planned_name(row: list[Any]) -> Any:
+    """The name a row's call was planned and answered under: the last value of a row of
+    even length, else the call's own name."""
+    return row[-1] if len(row) & 1 == 0 else row[1]
+
+
 def _rows_formed(record: Mapping[str, Any]) -> bool:
     """Whether a `rows` record stands for a batch record well formed for a chained file
     (`_well_formed(_batch_of_rows(record), True)`), asked of its rows as they are, and
@@ -1791,7 +1797,7 @@ def _rows_formed(record: Mapping[str, Any]) -> bool:
         key = row[3]
         if (
             type(row[0]) is not str  # the id
-            or type(row[-1] if size & 1 == 0 else row[1]) is not str  # the name it was planned under
+            or type(_planned_name(row)) is not str
             or type(row[4]) is not str  # how
             or (key is not None and type(key) is not str)
         ):
@@ -2381,7 +2387,9 @@ class _BatchServer:
         if row is None or row[4] != "ran" or size < _ANSWERED_ROW:
             how = _how_recorded(row and row[4], size < _ANSWERED_ROW)
             return self._differs(planned, "how", how, "ran"), False
-        name = row[-1] if size & 1 == 0 else row[1]  # the name it was planned under
+        result = self._results[planned.index]
+        assert result is not None  # a row of that size holds one
+        name = result.name  # the name it was planned under (`_row_result`)
         tool = planned.tool
         if self.clean and planned.sent is not None and (tool is None or not tool.defaults):
             key = planned.key  # as `_recorded_key` finds first: nothing to redact
@@ -2391,8 +2399,6 @@ class _BatchServer:
             return self._differs(planned, "name", name, planned.name), False
         if row[3] != key:
             return self._differs(planned, "key", str(row[3]), str(key)), False
-        result = self._results[planned.index]
-        assert result is not None  # a row of that size holds one
         self.served[planned.index] = result
         return result, True
 
@@ -2429,9 +2435,17 @@ def _row_result(row: list[Any]) -> ToolResult | None:
     the name the call was planned under; None for a row with no result."""
     if len(row) < _ANSWERED_ROW:
         return None
-    name = row[-1] if len(row) & 1 == 0 else row[1]
     return new_result(
-        row[0], name, _STATUS_OF[row[5]], row[6], row[7], row[8], row[9], row[10], row[11], row[12]
+        row[0],
+        _planned_name(row),
+        _STATUS_OF[row[5]],
+        row[6],
+        row[7],
+        row[8],
+        row[9],
+        row[10],
+        row[11],
+        row[12],
     )
 
 
@@ -2633,7 +2647,7 @@ def _rows_calls(
             else:
                 texts = None
         if row[4] == "stopped":
-            stopped.append((call_id, row[-1] if len(row) & 1 == 0 else name))
+            stopped.append((call_id, _planned_name(row)))
     return calls, call_ids, texts, stopped
 
 
