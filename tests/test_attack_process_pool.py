@@ -60,9 +60,14 @@ def is_alive(pid: int) -> bool:
     return state is not None and state[0] != "Z"
 
 
+def _forkserver_pid() -> int | None:
+    """The pid of this test process's forkserver (None: none runs)."""
+    return multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[no-any-return,attr-defined]
+
+
 def _forked() -> set[int]:
     """Every live process the forkserver forked (a worker of any pool of this test process)."""
-    server = multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    server = _forkserver_pid()
     if server is None:
         return set()
     found = set()
@@ -108,8 +113,11 @@ def no_worker_outlives_the_test() -> Iterator[None]:
     """The forkserver runs before each test (its first start is not what the tests time,
     except where a start is slowed on purpose); no worker the test started is alive after
     it (one another test left, in the same process, is not this test's)."""
-    _pool.ProcessPool()  # sets the server's preload, as a pool's first start would
-    multiprocessing.forkserver.ensure_running()
+    # a worker forked and gone: the server has imported its preload (set by the pool, as
+    # its first start would), which it does after `ensure_running` returns, before a fork
+    warm = _pool.ProcessPool().start()
+    warm.process.kill()
+    warm.process.join(5)
     _EARLIER.clear()
     _EARLIER.update(_forked())
     yield
@@ -710,7 +718,8 @@ async def test_a_call_right_after_its_idle_worker_died_runs_in_a_new_worker() ->
     before the forkserver has reaped it (the forkserver is held stopped for 0.3 s, as a
     loaded machine would leave it unscheduled): the call runs in a new worker, it does not
     fail for the idle worker's death. Three times."""
-    server = multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    server = _forkserver_pid()
+    assert server is not None
     d = Dispatcher(Registry([tool("pid", worker.pid_and_clock, timeout=5)]), max_concurrent=1)
 
     async def resume_later() -> None:
@@ -793,10 +802,6 @@ async def test_caller_cancels_a_concurrent_batch_while_starting_then_running_not
     assert await eventually(lambda: not live_workers(), 2.0)
 
 
-def _stopped_forkserver() -> int:
-    return multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[no-any-return,attr-defined]
-
-
 async def test_the_pool_does_not_hand_out_an_idle_worker_that_died_before_it_was_reaped() -> None:
     """`take()` of a pool whose only idle worker was killed, dead as /proc shows but not yet
     reaped by the forkserver (held stopped), so that `is_alive` still says yes: no worker
@@ -808,7 +813,8 @@ async def test_the_pool_does_not_hand_out_an_idle_worker_that_died_before_it_was
         with anyio.fail_after(10):
             reply = await pool.run(worker_, worker.pid_and_clock, {}, ctx, _backend.wait_readable)
         pid = reply["pid"]
-        server = _stopped_forkserver()
+        server = _forkserver_pid()
+        assert server is not None
         os.kill(server, signal.SIGSTOP)
         try:
             os.kill(pid, signal.SIGKILL)
