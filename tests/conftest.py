@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 import pytest
+import xdist.plugin
 
 BACKENDS = ("trio", "asyncio")
 
@@ -23,7 +24,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     when set."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # xdist's own hook reads it
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = int(xdist.plugin.pytest_xdist_auto_num_workers(config))  # what -n auto gives alone
     return cores + cores // 2
 
 
