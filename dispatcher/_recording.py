@@ -85,6 +85,7 @@ import xxhash
 from . import _backend
 from ._credentials import may_hold_credentials, redact_collecting, redact_json_text, redact_text
 from ._exceptions import DispatchInterrupted, HookBlocked
+from ._history import DEFAULT_HISTORY_LIMIT
 from ._plan import FIND_TOOLS, STOPPED_KEY, FinishedCall, Plan, PlannedCall, call_key, canonical_json
 from ._registry import Registry
 from ._results import normalize_output
@@ -2566,6 +2567,12 @@ async def _replay(recording: _Stream, dispatcher: Dispatcher) -> ReplayReport:
     # a session of its own, in no session store and not among the dispatcher's: a replay
     # starts from nothing each time, whatever ran through this dispatcher before
     opened: list[Session] = []  # the session replaying now, once one is: the one to close
+    # Only a hook may read that session's history (`ToolContext.history`): no handler runs
+    # but `find_tools`, which reads none, and the gate is the recorded one. Without hooks it
+    # keeps none, so each batch's calls and results are freed once compared, rather than
+    # kept to the end and walked by every collection of the garbage collector meanwhile.
+    hooks = dispatcher.hook_set
+    history_limit = DEFAULT_HISTORY_LIMIT if hooks.before or hooks.after else 0
 
     def fresh(of: Mapping[str, Any]) -> Session:
         """A session of its own for the batches of the header or `session` record `of`,
@@ -2573,7 +2580,8 @@ async def _replay(recording: _Stream, dispatcher: Dispatcher) -> ReplayReport:
         if opened:
             opened.pop().close()
         mode = of.get("mode", "deferred")
-        opened.append(Session(dispatcher, f"replay:{of.get('session', '')}", mode=mode, kept=False))
+        name = f"replay:{of.get('session', '')}"
+        opened.append(Session(dispatcher, name, mode=mode, kept=False, history_limit=history_limit))
         return opened[0]
 
     try:

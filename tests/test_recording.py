@@ -73,6 +73,43 @@ async def test_a_recording_replays_without_running_any_tool(tmp_path: Path) -> N
     assert replay_counter.runs == [] and ran_when_recording == 6
 
 
+class _HistoryWatcher:
+    """A hook that notes, after each call, what the session's history holds then."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[str]] = []
+
+    def after(self, call: ToolCall, result: Any, ctx: Any) -> None:
+        self.seen.append([f"{e.call.id}:{e.name}:{e.status}" for e in ctx.history])
+
+
+async def test_a_hook_reads_the_same_history_at_replay_as_when_recorded(tmp_path: Path) -> None:
+    """A replay's own session keeps its history only for a hook, the one thing there that can
+    read it: a hook that reads `ctx.history` sees what it saw when the session was recorded,
+    batch by batch and run by run; the same recording replayed without hooks matches too."""
+    path = tmp_path / "r.jsonl"
+    recorded = _HistoryWatcher()
+    await record_session_with(path, Dispatcher(fake_registry(Counter(), {"a": "v1"}), hooks=[recorded]))
+    assert recorded.seen[-1] and len(recorded.seen) >= 5  # it saw a history that grew
+    replayed = _HistoryWatcher()
+    report = await replay(path, Dispatcher(fake_registry(Counter(), {"a": "v1"}), hooks=[replayed]))
+    assert report.ok, report.divergence
+    assert replayed.seen == recorded.seen
+    plain = await replay(path, Dispatcher(fake_registry(Counter(), {"a": "v1"})))
+    assert plain.ok and plain.calls == report.calls
+
+
+async def record_session_with(path: Path, d: Dispatcher) -> None:
+    """`record_session`'s batches through `d`."""
+    s = d.session("rec", record=path)
+    await s.dispatch([call("1", "read", path="a"), call("2", "echo", text="x"), call("3", "nope")])
+    await s.dispatch([call("4", "edit", path="a", text="v2"), call("5", "read", path="a")])
+    await s.dispatch([call("6", "echo", text="x"), call("7", "boom")])
+    s.new_run()
+    await s.dispatch([call("8", "echo", text="x")])
+    s.close()
+
+
 async def test_replay_reports_the_first_divergence(tmp_path: Path) -> None:
     """A recording whose calls no longer decide the same way names the call, expected and got."""
     path = tmp_path / "s.jsonl"
