@@ -144,7 +144,8 @@ def test_the_floors_section_measures_every_workload_and_says_each_goal() -> None
     assert all(figures["per_request"][k] > 0 for k in ("make_us", "first_us", "kept_us"))
     assert "A dispatcher made per request" in table
     assert all(figures["recording"][size]["floor"] > 0 for size in ("1", "100"))
-    assert "line floor" in table
+    assert "line floor" in table and "without its fstat and write" in table
+    assert all(figures["recording"][size]["unwritten"] > 0 for size in ("1", "100"))
     verdicts = floors.goals(figures)
     assert len(verdicts) == 9 and all(goal.met in (True, False) for goal in verdicts)
 
