@@ -96,6 +96,7 @@ def _split_pipeline(command: str) -> list[list[str]] | None:
     anything the lexer does not accept."""
     segments: list[list[str]] = [[]]
     word: list[str] | None = None  # None: between words
+    size = 0  # characters in `word`, checked as it grows: a long line is refused as it is read
     i, end = 0, len(command)
     while i < end:
         ch = command[i]
@@ -115,18 +116,37 @@ def _split_pipeline(command: str) -> list[list[str]] | None:
             part = command[i + 1 : close]
             if not part.isprintable() or (ch == '"' and _NOT_LITERAL_IN_DOUBLE_QUOTES & set(part)):
                 return None
-            word = [*(word or []), part]
+            word, size = _grown(word, size, part)
             i = close + 1
         elif ch in _UNQUOTED or (ch == "~" and word and not word[-1].endswith(("=", ":"))):
-            word = [*(word or []), ch]
+            word, size = _grown(word, size, ch)
             i += 1
         else:
             return None
+        if size > _MAX_WORD:
+            return None
     if word is not None:
         segments[-1].append("".join(word))
-    if not all(segments) or any(len(w) > _MAX_WORD for words in segments for w in words):
+    if not all(segments):
         return None
     return segments
+
+
+def _refuse_nul(command: str) -> None:
+    """A command holding a NUL is refused plainly: no argv or shell can carry one."""
+    if "\x00" in command:
+        raise ToolError(
+            f"the command holds a NUL character at {command.index(chr(0))}: remove it", retryable=False
+        )
+
+
+def _grown(word: list[str] | None, size: int, part: str) -> tuple[list[str], int]:
+    """`word` (a new one if None) with `part` appended in place, and its new size: a copy of
+    the word for each character would make a long line cost its length squared to read."""
+    if word is None:
+        return [part], len(part)
+    word.append(part)
+    return word, size + len(part)
 
 
 # -- what each allowed program may not be asked to do ---------------------------------------
@@ -145,41 +165,52 @@ class _Refused:
     words: tuple[str, ...] = ()
 
 
+# --files0-from (sort, wc, du; find's -files0-from) reads the names of the files to open from
+# a file, whose contents no check of the words typed can see: a file the model wrote may
+# name anything outside.
 _READ_ONLY_PROGRAMS: dict[str, _Refused] = {
     "cat": _Refused(),
     "head": _Refused(),
     "tail": _Refused(),
-    "wc": _Refused(),
+    "wc": _Refused(long=frozenset({"--files0-from"})),
     "pwd": _Refused(),
     "echo": _Refused(),
     "cut": _Refused(),
     "tr": _Refused(),
     "stat": _Refused(),
     "ls": _Refused(long=frozenset({"--dereference"}), short="L"),
-    "du": _Refused(long=frozenset({"--dereference"}), short="L"),
+    "du": _Refused(long=frozenset({"--dereference", "--files0-from"}), short="L"),
     "grep": _Refused(long=frozenset({"--dereference-recursive"}), short="R"),
     # --pre and --hostname-bin run programs; --follow leaves the workspace through links.
     "rg": _Refused(long=frozenset({"--pre", "--pre-glob", "--hostname-bin", "--follow"}), short="L"),
     # -o writes the output to a file, --compress-program runs one, -T writes temp files.
-    "sort": _Refused(long=frozenset({"--output", "--compress-program", "--temporary-directory"}), short="oT"),
+    "sort": _Refused(
+        long=frozenset({"--output", "--compress-program", "--temporary-directory", "--files0-from"}),
+        short="oT",
+    ),
     "find": _Refused(
-        words=("-exec", "-ok", "-delete", "-fprint", "-fls", "-follow", "-L"),
+        words=("-exec", "-ok", "-delete", "-fprint", "-fls", "-follow", "-L", "-files0-from"),
     ),
 }
 _READ_ONLY_GIT = frozenset({"status", "log", "diff", "show"})
-# git diff/log/show --output=<file> writes; --ext-diff and --textconv run configured programs.
+# git diff/log/show --output=<file> writes; --ext-diff and --textconv run configured programs;
+# --submodule and --ignore-submodules would have git look into submodules, which it does by
+# running git there, under the submodule's own config (see _SAFE_GIT_CONFIG).
 # git also takes any unambiguous prefix of a long option (`--outp=x` is `--output=x`).
-_GIT_REFUSED = _Refused(long=frozenset({"--output", "--ext-diff", "--textconv"}))
+_GIT_REFUSED = _Refused(
+    long=frozenset({"--output", "--ext-diff", "--textconv", "--submodule", "--ignore-submodules"})
+)
 # Read-only commands are looked up here, never in PATH, which may name a folder of the
 # workspace (or `.`) where a command could have left its own `ls`.
 _SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
-# Settings an allowed program would read from the environment to run something else.
-# Also where git would look for a repository other than by searching from the folder.
-_UNSAFE_ENVIRONMENT = (
-    "RIPGREP_CONFIG_PATH", "GREP_OPTIONS", "GIT_EXTERNAL_DIFF", "GIT_EXEC_PATH",
-    "GIT_DIR", "GIT_WORK_TREE", "GIT_COMMON_DIR", "GIT_OBJECT_DIRECTORY",
-    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_INDEX_FILE", "GIT_NAMESPACE",
-)  # fmt: skip
+# All that a read-only command keeps of the agent's environment: the locale and the
+# terminal's settings, and the settings the call itself makes (`_READ_ONLY_SETTINGS`). The
+# rest is the agent's (API keys, tokens), which the command's /proc/self/environ would show
+# through a link swapped in after the check; and settings an allowed program would read to
+# run something else (RIPGREP_CONFIG_PATH, GREP_OPTIONS, GIT_EXTERNAL_DIFF, GIT_EXEC_PATH)
+# or to find a repository other than by searching from the folder (GIT_DIR, ...).
+_KEPT_ENVIRONMENT = frozenset({"LANG", "LANGUAGE", "TZ", "TERM", "COLUMNS", "LINES", "NO_COLOR"})
+_READ_ONLY_SETTINGS = frozenset({"GIT_OPTIONAL_LOCKS", "GIT_TERMINAL_PROMPT", "PAGER"})
 
 
 def _segment_is_read_only(words: Sequence[str]) -> bool:
@@ -228,16 +259,71 @@ _MAX_OPTION_WORD = 256
 
 def _leaves(candidate: str, root: Path | None, cwd: Path | None) -> bool:
     """Whether `candidate`, taken as a path from `cwd`, names something outside `root`
-    (after `..` and symbolic links). Without a root: any absolute or climbing path."""
+    (after `..` and symbolic links, see `_stays_within`). Without a root: any absolute or
+    climbing path."""
     if not candidate:
         return False
     if root is None or cwd is None:
         return os.path.isabs(candidate) or ".." in Path(candidate).parts
-    try:
-        resolved = Path(os.path.realpath(os.path.join(cwd, candidate)))
-    except (OSError, ValueError):  # a link loop, an over-long name
-        return True
-    return not resolved.is_relative_to(root)
+    return not _stays_within(os.path.join(cwd, candidate), root)
+
+
+_MAX_LINKS = 40  # symbolic links followed in one path, as Linux allows
+
+
+def _stays_within(path: str | os.PathLike[str], root: Path) -> bool:
+    """Whether the absolute `path`, resolved one name at a time with each symbolic link
+    followed, ends inside `root` without any step passing anywhere but `root` and the
+    folders above it. `os.path.realpath` would only say where the path ends, and resolve it
+    in this process: `/proc/self/cwd` is then this process's folder, while the command sees
+    its own, so `/proc/self/cwd/../..` can end inside here and outside there. No step
+    through /proc (or anything else outside) is taken, wherever the path would end; a link
+    loop, a name holding a NUL or too many links is outside too."""
+    top = os.fspath(root)
+    inside = top if top.endswith(os.sep) else top + os.sep
+    above = {os.fspath(folder) for folder in root.parents}  # the way down to the root
+
+    def allowed(here: str) -> bool:
+        return here == top or here.startswith(inside) or here in above
+
+    names = os.fspath(path).split(os.sep)[::-1]  # a stack: the next name last
+    here, links = os.sep, 0
+    while names:
+        name = names.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            here = os.path.dirname(here)
+        else:
+            step = os.path.join(here, name)
+            try:
+                target = os.readlink(step)
+            except OSError:  # not a link, or not there: a name like any other
+                here = step
+            except ValueError:  # a NUL in the name
+                return False
+            else:
+                links += 1
+                if links > _MAX_LINKS:
+                    return False
+                names += target.split(os.sep)[::-1]  # read from the link's folder, or from /
+                if os.path.isabs(target):
+                    here = os.sep
+                continue
+        if not allowed(here):
+            return False
+    return here == top or here.startswith(inside)
+
+
+def _repository_top(root: Path, cwd: Path) -> Path | None:
+    """The folder holding the `.git` that git finds from `cwd`, looking no higher than
+    `root` (see GIT_CEILING_DIRECTORIES); None where there is none."""
+    here = cwd
+    while not os.path.lexists(here / ".git"):
+        if here == root or here.parent == here:
+            return None
+        here = here.parent
+    return here
 
 
 def _git_stays_inside(root: Path, cwd: Path) -> bool:
@@ -245,14 +331,12 @@ def _git_stays_inside(root: Path, cwd: Path) -> bool:
     GIT_CEILING_DIRECTORIES) keeps its files inside `root`. A `.git` file (worktrees,
     submodules), a `commondir` file or an alternates file may point anywhere, and git
     would show what it finds there."""
-    here = cwd
-    while not os.path.lexists(here / ".git"):
-        if here == root or here.parent == here:
-            return True  # no repository inside: git finds none and says so
-        here = here.parent
+    here = _repository_top(root, cwd)
+    if here is None:
+        return True  # no repository inside: git finds none and says so
     dot_git = here / ".git"
     git_dir = _linked_dir(dot_git, here, root) if dot_git.is_file() else dot_git
-    if git_dir is None or not Path(os.path.realpath(git_dir)).is_relative_to(root):
+    if git_dir is None or not _stays_within(git_dir, root):
         return False
     common = git_dir / "commondir"
     objects_of = _linked_dir(common, git_dir, root, prefix="") if common.is_file() else git_dir
@@ -268,8 +352,8 @@ def _linked_dir(pointer: Path, base: Path, root: Path, *, prefix: str = "gitdir:
         return None
     if not text.startswith(prefix):
         return None
-    target = Path(os.path.realpath(base / text[len(prefix) :].strip()))
-    return target if target.is_relative_to(root) else None
+    named = base / text[len(prefix) :].strip()
+    return Path(os.path.realpath(named)) if _stays_within(named, root) else None
 
 
 def _read_only_pipeline(command: object, root: Path | None, cwd: Path | None) -> list[list[str]] | None:
@@ -343,6 +427,16 @@ def is_read_only_command(
 #   they are read from `git config --list` first; that command runs none of them);
 # - `--no-ext-diff --no-textconv` after diff/log/show (the checked argv is what runs, so
 #   they go into it): `diff.external` has no value that turns it off.
+# - no submodule looked into (diff.ignoreSubmodules=all, status.submoduleSummary=false,
+#   submodule.recurse=false): git looks into one by running git there, which reads the
+#   submodule's own config, whose drivers the listing below never saw;
+# - no transport allowed (protocol.allow=never, and each protocol by name, as well as every
+#   `protocol.<name>.allow` the config sets): a partial clone fetches missing objects on
+#   demand, running the remote's `uploadpack` program (any program its config names) or
+#   reading a repository outside; GIT_NO_LAZY_FETCH says the same to a git that knows it;
+# - the repository's work tree is the folder that holds its `.git` (GIT_WORK_TREE), as git
+#   finds it unless `core.worktree` names another folder, outside say, whose files
+#   `git diff` would show.
 # safe.bareRepository=explicit stops git from taking a folder of plain files that looks
 # like a bare repository (HEAD, config, objects/, refs/) for one. The file tools refuse
 # to write inside `.git` folders (`Workspace.check_writable`), so planting config there
@@ -356,7 +450,17 @@ _SAFE_GIT_CONFIG: tuple[tuple[str, str], ...] = (
     ("gpg.program", "false"),
     ("gpg.ssh.program", "false"),
     ("gpg.x509.program", "false"),
+    ("diff.ignoreSubmodules", "all"),
+    ("status.submoduleSummary", "false"),
+    ("submodule.recurse", "false"),
+    ("protocol.allow", "never"),
+    *(
+        (f"protocol.{name}.allow", "never")
+        for name in ("file", "git", "ssh", "http", "https", "ext", "ftp", "ftps")
+    ),
 )
+# The keys that allow a transport, emptied to "never" as found in the config.
+_GIT_PROTOCOL_ALLOWED = re.compile(r"protocol\..+\.allow")
 # The config keys (as `git config --list` spells them) whose value is a program to run.
 _GIT_DRIVER_PROGRAM = re.compile(r"(filter|diff|merge)\..+\.(clean|smudge|process|textconv|command|driver)")
 _GIT_CONFIG_TIMEOUT = 10.0
@@ -474,6 +578,7 @@ class ShellTools:
             command = args.get("command")
             if not isinstance(command, str) or not command.strip():
                 raise ToolError('action="start" needs the command to run', retryable=False)
+            _refuse_nul(command)
             return await self._start_background(command, args.get("cwd"), jobs)
         job = jobs.find(args.get("id"))
         if action == "stop":
@@ -547,6 +652,7 @@ class ShellTools:
 
     async def run_command(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
         command: str = args["command"]
+        _refuse_nul(command)
         cwd = self.ws.resolve(args.get("cwd") or ".")
         if not cwd.is_dir():
             raise ToolError(f"cwd {args.get('cwd')!r} is not a folder", retryable=False)
@@ -585,15 +691,23 @@ class ShellTools:
     async def _read_only_stages(
         self, segments: list[list[str]], cwd: Path, env: dict[str, str]
     ) -> tuple[list[list[str]], dict[str, str]]:
-        """The argv of each stage of a read-only pipeline, and the environment it runs in."""
-        for name in _UNSAFE_ENVIRONMENT:
-            env.pop(name, None)
+        """The argv of each stage of a read-only pipeline, and the environment it runs in
+        (of `env`, only what `_KEPT_ENVIRONMENT` keeps)."""
+        env = {
+            name: value
+            for name, value in env.items()
+            if name in _KEPT_ENVIRONMENT or name in _READ_ONLY_SETTINGS or name.startswith("LC_")
+        }
         # What the programs start in turn (rg's decompressors, git's helpers) comes from
         # the system folders too, and git does not look for a repository above the
         # workspace (whose files it would show from outside).
         env["PATH"] = _SYSTEM_PATH
         env["GIT_CEILING_DIRECTORIES"] = os.fspath(self.ws.root.parent)
         if any(words[0] == "git" for words in segments):  # see _SAFE_GIT_CONFIG
+            env["GIT_NO_LAZY_FETCH"] = "1"
+            top = _repository_top(self.ws.root, cwd)
+            if top is not None:
+                env["GIT_WORK_TREE"] = os.fspath(top)
             env = await _safe_git_env(env, cwd)
         stages = []
         for words in segments:
@@ -715,6 +829,7 @@ async def _safe_git_env(env: Mapping[str, str], cwd: os.PathLike[str]) -> dict[s
     names = listing.stdout.decode("utf-8", errors="replace").split("\0")
     programs = sorted({name for name in names if _GIT_DRIVER_PROGRAM.fullmatch(name)})
     overrides += [(name, "") for name in programs]
+    overrides += [(name, "never") for name in sorted(set(filter(_GIT_PROTOCOL_ALLOWED.fullmatch, names)))]
     # A filter marked required fails the command when it cannot run: let it pass instead.
     drivers = {name.rsplit(".", 1)[0] for name in programs if name.startswith("filter.")}
     overrides += [(f"{driver}.required", "false") for driver in sorted(drivers)]
