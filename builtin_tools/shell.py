@@ -398,9 +398,11 @@ def is_read_only_command(
     head, tail, wc, pwd, echo, cut, tr, stat, ls, du, grep, rg, sort, find, and git
     status/log/diff/show) without an option that writes, runs another program or follows
     links (find -exec/-ok/-delete/-fprint*/-fls/-L, rg --pre, sort -o, git --output, ...,
-    long options with every abbreviation). No argument may name a path outside
-    `workspace` (from `cwd`, a folder inside it or relative to it; after `..` and
-    symbolic links), nor may an option's attached value, nor may git's repository lie
+    long options with every abbreviation; nor one that reads the names of files to open
+    from a file, --files0-from). No argument may name a path outside `workspace` (from
+    `cwd`, a folder inside it or relative to it; resolved one name at a time, `..` and
+    symbolic links followed, no step passing outside: not through /proc either), nor may
+    an option's attached value, nor may git's repository lie
     outside (a `.git` file or link, `commondir` or alternates pointing out). Without a
     workspace, any absolute path or `..` is outside. When in doubt: False.
     """
