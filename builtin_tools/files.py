@@ -14,7 +14,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import stat
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -27,6 +26,7 @@ from dispatcher._exceptions import ToolError
 from dispatcher._registry import Tool
 from dispatcher._types import ToolContext
 
+from . import _safepath
 from ._safepath import NotARegularFile
 from ._workspace import Change, ChangeAction, Workspace, unique
 
@@ -41,6 +41,14 @@ _MAX_VISITED = 200_000
 _SNIPPET_LINES = 12
 _GITIGNORE = ".gitignore"
 _MAX_GITIGNORE_BYTES = 1024 * 1024
+# find_files enters folders at most this many levels below where it starts: its walk
+# holds one descriptor per level, and a tree can be far deeper (edit_file makes any
+# folder asked for) than a search needs to go.
+_MAX_DEPTH = 128
+# How find_files opens a folder from its parent's descriptor: a symbolic link swapped in
+# for the folder is not followed (O_NOFOLLOW), and a pipe not opened, which would wait
+# for a writer (O_DIRECTORY refuses it first; O_NONBLOCK besides).
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def file_tools(workspace: Workspace) -> list[Tool]:
@@ -202,17 +210,19 @@ class FileTools:
             raise ToolError(f"{args.get('path')!r} is not a folder", retryable=False)
         matcher = glob_to_regex(pattern)
         skip_git = ".git" not in pattern
-        ignores = None if args.get("include_ignored") else _GitIgnores(self.ws.root, base)
+        ignores = None if args.get("include_ignored") else _GitIgnores(self.ws, base)
         matches: list[str] = []
         visited = 0
         ignored = 0
+        too_deep: list[str] = []  # folders listed but not entered
         stopped = False
-        for dirpath, dirnames, filenames in _walk_folder(self.ws, base, args.get("path")):
+        for folder in _walk_folder(self.ws, base, args.get("path"), max_depth=_MAX_DEPTH):
+            dirnames, filenames = folder.dirs, folder.files
             if skip_git and ".git" in dirnames:
                 dirnames.remove(".git")
-            here = Path(dirpath)
+            here = folder.path
             if ignores is not None:
-                rules = ignores.enter(here, _GITIGNORE in filenames)
+                rules = ignores.enter(here, folder.fd, _GITIGNORE in filenames)
                 kept_dirs = [n for n in dirnames if not rules.ignores(here / n, is_dir=True)]
                 kept_files = [n for n in filenames if not rules.ignores(here / n, is_dir=False)]
                 ignored += len(dirnames) - len(kept_dirs) + len(filenames) - len(kept_files)
@@ -227,26 +237,32 @@ class FileTools:
             for name in filenames:
                 if matcher.fullmatch(prefix + name):
                     matches.append(self.ws.relative(here / name))
+            if folder.depth == _MAX_DEPTH:
+                too_deep.extend(self.ws.relative(here / name) + "/" for name in dirnames)
             visited += len(dirnames) + len(filenames)
             if visited > _MAX_VISITED or len(matches) > _MAX_MATCHES:
                 stopped = True
                 break
         where = self.ws.relative(base)
-        note = (
-            f"[{ignored} entries that .gitignore ignores were not searched; "
-            "include_ignored=true searches them]"
-        )
+        notes: list[str] = []
+        if too_deep:
+            notes.append(
+                f"[{len(too_deep)} folder(s) more than {_MAX_DEPTH} levels below {where!r} were "
+                f"not searched, the first {too_deep[0]!r}; to search one, pass it as `path`]"
+            )
+        if ignored:
+            notes.append(
+                f"[{ignored} entries that .gitignore ignores were not searched; "
+                "include_ignored=true searches them]"
+            )
         if not matches:
-            empty = f"no files match {pattern!r} under {where!r}"
-            return f"{empty}\n{note}" if ignored else empty
+            return "\n".join([f"no files match {pattern!r} under {where!r}", *notes])
         matches.sort()
         shown = matches[:_MAX_MATCHES]
         lines = [f"{len(shown)} match(es) for {pattern!r} under {where!r}:", *shown]
         if stopped:
             lines.append("[stopped early: too many entries; narrow the pattern or the path]")
-        if ignored:
-            lines.append(note)
-        return "\n".join(lines)
+        return "\n".join([*lines, *notes])
 
     def edit_file(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
         path: str = args["path"]
@@ -317,22 +333,82 @@ def _who(ctx: ToolContext) -> dict[str, str | None]:
     return {"session_id": None if session_id is None else str(session_id), "call_id": ctx.call_id}
 
 
-def _walk_folder(ws: Workspace, base: Path, shown: object) -> Iterator[tuple[str, list[str], list[str]]]:
-    """`os.walk(base)`'s triples, walked race-free: the folder is opened through the
-    workspace, and `os.fwalk` opens each folder below from its parent's descriptor and
-    checks it is the folder it listed, so one swapped for a symbolic link is not entered.
-    Pruning the yielded folder names prunes the walk."""
+@attrs.define
+class _Folder:
+    """One folder a walk lists, open as `fd` while the walk is at it. Removing names from
+    `dirs` keeps the walk out of those subfolders."""
+
+    path: Path
+    depth: int  # levels below the folder the walk started from
+    fd: int
+    dirs: list[str]
+    files: list[str]
+
+
+def _walk_folder(ws: Workspace, base: Path, shown: object, *, max_depth: int) -> Iterator[_Folder]:
+    """The folders under `base` (itself included), top-down, walked race-free.
+
+    `base` is opened through the workspace, and each folder below from its parent's
+    descriptor with O_NOFOLLOW | O_DIRECTORY, so a folder swapped for a symbolic link is
+    not entered (nor a pipe swapped in opened, which would wait for a writer). Folders
+    `max_depth` levels down are listed but not entered. The walk keeps a stack instead of
+    recursing, and holds one descriptor per level, so neither Python's stack nor the
+    descriptors held grow past `max_depth`, however deep the tree.
+    """
     try:
         fd = ws.open_folder(base)
     except (FileNotFoundError, NotADirectoryError):
         raise ToolError(f"{shown!r} is not a folder", retryable=False) from None
     except OSError as exc:
         raise ToolError(f"cannot list {shown!r}: {exc.strerror or exc}", retryable=False) from exc
+    held = [fd]  # the descriptors open: those of `entered`, then the current folder's
+    entered: list[tuple[_Folder, Iterator[str]]] = []  # with the subfolders left to enter
     try:
-        for dirpath, dirnames, filenames, _ in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
-            yield os.path.normpath(os.path.join(base, dirpath)), dirnames, filenames
+        try:
+            folder: _Folder | None = _Folder(base, 0, fd, *_list_folder(fd))
+        except OSError as exc:
+            raise ToolError(f"cannot list {shown!r}: {exc.strerror or exc}", retryable=False) from exc
+        while folder is not None:
+            yield folder
+            if folder.depth < max_depth and folder.dirs:
+                entered.append((folder, iter(folder.dirs)))
+            else:
+                os.close(held.pop())
+            folder = None
+            while entered and folder is None:
+                parent, names = entered[-1]
+                name = next(names, None)
+                if name is None:
+                    entered.pop()
+                    os.close(held.pop())
+                    continue
+                try:
+                    fd = os.open(name, _FOLDER_FLAGS, dir_fd=parent.fd)
+                except OSError:
+                    continue  # gone, or no longer a folder (a link, a pipe): not entered
+                held.append(fd)
+                try:
+                    folder = _Folder(parent.path / name, parent.depth + 1, fd, *_list_folder(fd))
+                except OSError:
+                    os.close(held.pop())  # unreadable, like a folder that went away
     finally:
-        os.close(fd)
+        for fd in held:
+            os.close(fd)
+
+
+def _list_folder(fd: int) -> tuple[list[str], list[str]]:
+    """The names in the folder open as `fd`: its subfolders and everything else, as
+    `os.fwalk` sorts them (a link to a folder counts as a folder, and is never entered)."""
+    dirs: list[str] = []
+    files: list[str] = []
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False  # a link whose target cannot be looked at (a loop, say)
+            (dirs if is_dir else files).append(entry.name)
+    return dirs, files
 
 
 def _names_a_symlink(path: str) -> bool:
@@ -536,20 +612,17 @@ class _GitIgnores:
     A folder git ignores is not entered, so nothing under it can be brought back by a
     negation further down, as in git. Each folder's rules are its parent's plus its own
     .gitignore, handed down as the walk goes (top-down), so every file is read once.
+    Every .gitignore is opened from its folder's descriptor, never by path: a folder
+    swapped for a symbolic link after the walk opened it cannot lead to an outside one.
     """
 
-    def __init__(self, root: Path, base: Path) -> None:
-        specs: list[tuple[Path, pathspec.GitIgnoreSpec]] = []
-        above = [base, *base.parents]
-        for folder in reversed(above[1 : above.index(root) + 1] if root in above else []):
-            spec = _read_gitignore(folder)
-            if spec is not None:
-                specs.append((folder, spec))
-        self._pending: dict[Path, _IgnoreRules] = {base: _IgnoreRules(tuple(specs))}
+    def __init__(self, ws: Workspace, base: Path) -> None:
+        self._pending: dict[Path, _IgnoreRules] = {base: _IgnoreRules(_gitignores_above(ws, base))}
 
-    def enter(self, folder: Path, has_gitignore: bool) -> _IgnoreRules:
+    def enter(self, folder: Path, folder_fd: int, has_gitignore: bool) -> _IgnoreRules:
+        """The rules in `folder` (open as `folder_fd`), whose listing has a .gitignore or not."""
         rules = self._pending.pop(folder, None) or _IgnoreRules()
-        spec = _read_gitignore(folder) if has_gitignore else None
+        spec = _read_gitignore(folder_fd) if has_gitignore else None
         return _IgnoreRules((*rules.specs, (folder, spec))) if spec is not None else rules
 
     def hand_down(self, folder: Path, subfolders: list[str], rules: _IgnoreRules) -> None:
@@ -557,22 +630,49 @@ class _GitIgnores:
             self._pending[folder / name] = rules
 
 
-def _read_gitignore(folder: Path) -> pathspec.GitIgnoreSpec | None:
-    """The rules of `folder`/.gitignore, or None when there is no such regular file (a
-    symlink is not followed: it could name a file outside the workspace)."""
+def _gitignores_above(ws: Workspace, base: Path) -> tuple[tuple[Path, pathspec.GitIgnoreSpec], ...]:
+    """The rules of the .gitignore files in the folders above `base`, root first.
+
+    The folders are opened from the workspace root's descriptor down, each from the one
+    before with O_NOFOLLOW, as the walk below `base` opens its folders: one swapped for a
+    symbolic link on the way fails the call (retryably) instead of being followed.
+    """
+    if base == ws.root:
+        return ()
+    specs: list[tuple[Path, pathspec.GitIgnoreSpec]] = []
+    folder = ws.root
+    fd = ws.open_folder(folder)
     try:
-        fd = os.open(folder / _GITIGNORE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
+        for name in base.relative_to(ws.root).parts:
+            spec = _read_gitignore(fd)
+            if spec is not None:
+                specs.append((folder, spec))
+            if folder / name == base:
+                break
+            try:
+                below = os.open(name, _FOLDER_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                raise ToolError(
+                    f"folder {ws.relative(folder / name)!r} changed while find_files looked "
+                    f"at it ({exc.strerror or exc}); try again",
+                    retryable=True,
+                ) from exc
+            os.close(fd)
+            fd, folder = below, folder / name
+    finally:
+        os.close(fd)
+    return tuple(specs)
+
+
+def _read_gitignore(folder_fd: int) -> pathspec.GitIgnoreSpec | None:
+    """The rules of the .gitignore in the folder open as `folder_fd`, or None when there is
+    no such regular file (a symlink is not followed: it could name a file outside the
+    workspace; a pipe is not opened: it would wait for a writer)."""
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        with os.fdopen(os.dup(fd), "rb") as file:
+        with os.fdopen(_safepath.open_regular(folder_fd, _GITIGNORE), "rb") as file:
             data = file.read(_MAX_GITIGNORE_BYTES)
     except OSError:
         return None
-    finally:
-        os.close(fd)
     return pathspec.GitIgnoreSpec.from_lines(data.decode("utf-8", errors="replace").splitlines())
 
 

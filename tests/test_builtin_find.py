@@ -3,11 +3,13 @@ and `include_ignored`."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from builtin_tools import files
 from builtin_tools._workspace import Workspace
 from builtin_tools.files import FileTools
 
@@ -125,3 +127,53 @@ def test_find_files_schema_and_reads_cover_gitignore(ws: Path, tools: FileTools)
     }  # fmt: skip
     assert tool.reads({"pattern": "*"}) == {f"file:{root}"}
     assert tool.reads({"pattern": "*", "path": "a/b", "include_ignored": True}) == {f"file:{root}/a/b"}
+
+
+def test_a_gitignore_is_read_from_the_folder_the_walk_holds_open(
+    ws: Path, tools: FileTools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Folder `d`, swapped for a link to an outside folder right after the walk listed it,
+    still has its own .gitignore read: the outside one never decides what is listed."""
+    outside = ws.parent / "outside"
+    outside.mkdir()
+    (outside / ".gitignore").write_text("visible.txt\n")
+    _files(ws, "d/visible.txt")
+    (ws / "d/.gitignore").write_text("# nothing ignored\n")
+    listed = files._list_folder
+    real_d = str((ws / "d").resolve())
+
+    def list_then_swap(fd: int) -> tuple[list[str], list[str]]:
+        names = listed(fd)
+        if os.readlink(f"/proc/self/fd/{fd}") == real_d:
+            (ws / "d").rename(ws / "d.real")
+            (ws / "d").symlink_to(outside)
+        return names
+
+    monkeypatch.setattr(files, "_list_folder", list_then_swap)
+    assert _find(tools, pattern="d/*") == ["d/.gitignore", "d/visible.txt"]
+
+
+def test_folders_nested_too_deep_are_named_not_entered(
+    ws: Path, tools: FileTools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below the depth bound the walk lists folders without entering them, says so naming
+    the first, and holds one descriptor per level; a deeper `path` reaches them."""
+    monkeypatch.setattr(files, "_MAX_DEPTH", 2)
+    _files(ws, "a/b/c/d/deep.txt", "a/b/c2/e/deeper.txt", "a/top.txt")
+    listed = files._list_folder
+    held: list[int] = []
+
+    def counting(fd: int) -> tuple[list[str], list[str]]:
+        held.append(len(os.listdir("/proc/self/fd")))
+        return listed(fd)
+
+    monkeypatch.setattr(files, "_list_folder", counting)
+    out = str(tools.find_files({"pattern": "**/*.txt"}, tool_context("find_files")))
+    assert out.splitlines() == [
+        "1 match(es) for '**/*.txt' under '.':",
+        "a/top.txt",
+        "[2 folder(s) more than 2 levels below '.' were not searched, the first 'a/b/c/'; "
+        "to search one, pass it as `path`]",
+    ]
+    assert max(held) - min(held) <= 2  # the root's descriptor, then one per level
+    assert _find(tools, pattern="**/*.txt", path="a/b/c") == ["a/b/c/d/deep.txt"]
