@@ -58,7 +58,8 @@ def _git_server(repo: Path) -> tuple[str, list[str]]:
 def _server_pids() -> set[int]:
     """The live (not zombie) child processes of this test process, but for the forkserver
     and resource tracker that an earlier test's worker processes (`isolation="process"`)
-    left running in it."""
+    left running in it, and the streamable HTTP server of this module (`http_server`),
+    which lives for the module's tests that a worker runs, in whatever order."""
     found = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -69,7 +70,12 @@ def _server_pids() -> set[int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[1]) == os.getpid() and b"from multiprocessing." not in command:
+        if (
+            fields[0] != "Z"
+            and int(fields[1]) == os.getpid()
+            and b"from multiprocessing." not in command
+            and command.split(b"\x00")[1:3] != [os.fsencode(PROBE), b"--http"]
+        ):
             found.add(int(entry))
     return found
 
