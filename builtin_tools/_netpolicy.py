@@ -7,8 +7,9 @@ only to an address it passed (`builtin_tools/web.py` does the I/O).
 The rules, in the order they are applied:
 
 1. Always refused: link-local (where cloud metadata services listen), the metadata
-   addresses outside it, "this network" and the unspecified address (both reach the
-   local host on Linux), multicast, and the reserved 240.0.0.0/4 (with broadcast).
+   and credential addresses outside it (AWS, Alibaba, Google, Oracle, Azure), "this
+   network" and the unspecified address (both reach the local host on Linux),
+   multicast, and the reserved 240.0.0.0/4 (with broadcast).
 2. Refused unless `allow_private=True`: loopback, the private ranges, carrier-grade
    NAT, and the other special-purpose ranges no public server lives in.
 3. An IPv6 address that carries an IPv4 address (IPv4-mapped, IPv4-compatible,
@@ -41,13 +42,19 @@ def _table(*rows: tuple[str, str]) -> _Table:
     return tuple((ipaddress.ip_network(net), name) for net, name in rows)
 
 
-# The metadata addresses come first: 100.100.100.200 lies inside carrier-grade NAT and
-# fd00:ec2::254 inside the unique local range, and neither may ever be allowed.
+# The metadata addresses come first: most lie inside a range allowed with
+# `allow_private` (carrier-grade NAT, unique local, IETF protocol assignments), and
+# none may ever be allowed. Azure's WireServer is a public address, reachable from
+# every Azure VM, that hands out the VM's provisioning data and certificates.
 _ALWAYS_REFUSED = _table(
     ("169.254.0.0/16", "link-local, where cloud metadata services listen"),
-    ("100.100.100.200/32", "a cloud metadata service"),
-    ("fd00:ec2::254/128", "a cloud metadata service"),
-    ("fd20:ce::254/128", "a cloud metadata service"),
+    ("100.100.100.200/32", "a cloud metadata service (Alibaba Cloud)"),
+    ("fd00:ec2::254/128", "a cloud metadata service (AWS EC2, IPv6)"),
+    ("fd00:ec2::23/128", "a cloud credentials service (AWS EKS Pod Identity, IPv6)"),
+    ("fd20:ce::254/128", "a cloud metadata service (Google Cloud, IPv6)"),
+    ("fd00:c1::a9fe:a9fe/128", "a cloud metadata service (Oracle Cloud, IPv6)"),
+    ("192.0.0.192/32", "a cloud metadata service (Oracle Cloud Classic)"),
+    ("168.63.129.16/32", "a cloud metadata service (Azure WireServer)"),
     ("fe80::/10", "link-local"),
     ("0.0.0.0/8", '"this network", which reaches the local host'),
     ("::/128", "the unspecified address, which reaches the local host"),

@@ -4,7 +4,9 @@ All use `httpx.AsyncClient` on anyio, so they run under trio and asyncio alike. 
 client lives for one call: a pooled connection belongs to the event loop that opened
 it, and a registry outlives any one event loop. Only http and https URLs are
 accepted, redirects are followed (at most 10), and every body is read as a stream
-with a byte limit, so a huge or endless response costs no more than the limit.
+with a byte limit, so a huge or endless response costs no more than the limit; what
+each response may take off the network, head and body, raw, is bounded as well
+(`_ReadMeter`).
 
 Every connection, the first and each redirect's, goes through `_PinnedBackend`: the
 host is resolved once, every address it resolved to is checked against the network
@@ -195,11 +197,11 @@ class WebTools:
     async def fetch_page(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
         url = _checked_url(args["url"])
         async with (
-            self._client() as client,
+            self._client(self.max_page_bytes) as client,
             _network_errors(url),
             client.stream("GET", url) as response,
         ):
-            data, cut = await _read_bounded(response, self.max_page_bytes)
+            data, cut, left_out = await _read_bounded(response, self.max_page_bytes)
         _raise_for_status(response, "GET", data)
         content_type = response.headers.get("content-type", "")
         if not _is_text(content_type, data):
@@ -226,6 +228,8 @@ class WebTools:
             cut = True
         if cut:
             text += "\n[page cut: longer than this tool returns]"
+        if left_out:
+            text += "\n" + left_out
         return "\n".join(header) + "\n\n" + text
 
     async def search_web(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
@@ -235,15 +239,15 @@ class WebTools:
         endpoint = _checked_url(endpoint)
         query: str = args["query"]
         limit = int(args.get("limit") or 5)
-        # The operator configured this host: it may be on loopback or a private range.
-        # Only it: a redirect elsewhere, and the result URLs, are checked as usual.
-        operator_host = httpx.URL(endpoint).raw_host.decode("ascii").lower()
+        # The operator configured this endpoint: it may be on loopback or a private
+        # range. Only it, its scheme, host and port: a redirect elsewhere (another port
+        # of the same host included), and the result URLs, are checked as usual.
         async with (
-            self._client(private_ok_host=operator_host) as client,
+            self._client(self.max_response_bytes, private_ok=_origin(httpx.URL(endpoint))) as client,
             _network_errors(endpoint),
             client.stream("GET", endpoint, params={"q": query, "format": "json"}) as response,
         ):
-            data, cut = await _read_bounded(response, self.max_response_bytes)
+            data, cut, _ = await _read_bounded(response, self.max_response_bytes)
         _raise_for_status(response, "GET", data)
         try:
             if cut:
@@ -287,11 +291,11 @@ class WebTools:
         # Added to the URL's own query (httpx's `params=` would replace it).
         target = httpx.URL(url).copy_merge_params(params) if params else httpx.URL(url)
         async with (
-            self._client() as client,
+            self._client(self.max_response_bytes) as client,
             _network_errors(url),
             client.stream(method, target, headers=headers, **send) as response,
         ):
-            data, cut = await _read_bounded(response, self.max_response_bytes)
+            data, cut, left_out = await _read_bounded(response, self.max_response_bytes)
         _raise_for_status(response, method, data)
         lines = [f"{response.http_version} {response.status_code} {response.reason_phrase}"]
         lines.extend(f"{name}: {value}" for name, value in response.headers.multi_items())
@@ -306,6 +310,8 @@ class WebTools:
                 lines.append(charset_note)
             if cut:
                 text += f"\n[body cut at {self.max_response_bytes} bytes]"
+            if left_out:
+                text += "\n" + left_out
         else:
             text = (
                 f"[{len(data)}{'+' if cut else ''} bytes of {content_type or 'binary data'} "
@@ -327,19 +333,19 @@ class WebTools:
         installed = False
         try:
             async with (
-                self._client() as client,
+                self._client(self.max_download_bytes) as client,
                 _network_errors(url),
                 client.stream("GET", url) as response,
             ):
                 if response.status_code >= 400:
-                    data, _ = await _read_bounded(response, 4096)
+                    data, _, _ = await _read_bounded(response, 4096)
                     _raise_for_status(response, "GET", data)
                 declared = response.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > self.max_download_bytes:
                     raise _too_large(url, self.max_download_bytes)
                 async with (
                     anyio.wrap_file(staged.file) as out,
-                    _body_chunks(response) as chunks,
+                    _body_chunks(response, self.max_download_bytes) as chunks,
                 ):
                     async for chunk in chunks:
                         size += len(chunk)
@@ -347,6 +353,9 @@ class WebTools:
                             raise _too_large(url, self.max_download_bytes)
                         digest.update(chunk)
                         await out.write(chunk)
+                    if chunks.overran:
+                        raise _too_large(url, self.max_download_bytes)
+                    left_out = chunks.left_out
                 content_type = response.headers.get("content-type", "unknown")
                 final_url = str(response.url)
             session_id = ctx.session_id
@@ -366,18 +375,22 @@ class WebTools:
             if not installed:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(staged.discard)
-        return f"saved {size} bytes ({content_type}) from {final_url} to {rel}"
+        saved = f"saved {size} bytes ({content_type}) from {final_url} to {rel}"
+        return f"{saved}\n{left_out}" if left_out else saved
 
     # -- internals ---------------------------------------------------------------
 
     @asynccontextmanager
-    async def _client(self, private_ok_host: str | None = None) -> AsyncIterator[httpx.AsyncClient]:
-        """A client that connects only where the policy allows (and, for
-        `private_ok_host`, to loopback and private addresses too)."""
+    async def _client(
+        self, body_limit: int, private_ok: _Origin | None = None
+    ) -> AsyncIterator[httpx.AsyncClient]:
+        """A client for one call that connects only where the policy allows (and, for
+        requests to the `private_ok` origin, to loopback and private addresses too),
+        and reads no more per response than its head and `body_limit` need."""
         if self._ssl_context is None:
             # Loading the CA bundle takes a tenth of a second: once, off the event loop.
             self._ssl_context = await anyio.to_thread.run_sync(httpx.create_ssl_context)
-        backend = _PinnedBackend(self.policy, self.resolver, private_ok_host=private_ok_host)
+        backend = _PinnedBackend(self.policy, self.resolver, body_limit=body_limit, private_ok=private_ok)
         async with httpx.AsyncClient(
             transport=_PinnedTransport(backend, self._ssl_context),
             # No proxies, .netrc or certificate files from the environment.
@@ -387,11 +400,96 @@ class WebTools:
             timeout=httpx.Timeout(self.request_timeout),
             # Only what _body_chunks can inflate in bounded steps.
             headers={"User-Agent": USER_AGENT, "Accept-Encoding": "gzip, deflate"},
+            event_hooks={"request": [backend.request_started], "response": [backend.head_received]},
         ) as client:
             yield client
 
 
 # -- the pinned connection -------------------------------------------------------
+
+
+_Origin = tuple[str, str, int]
+"""(scheme, host, port) of a URL, the host as sent (IDNA-encoded, lower case)."""
+
+
+def _origin(url: httpx.URL) -> _Origin:
+    port = url.port or (443 if url.scheme == "https" else 80)
+    return url.scheme, url.raw_host.decode("ascii").lower(), port
+
+
+# What a response's head (its 1xx responses, then its status line and headers) may
+# take off the network. httpcore reads 1xx responses without end, each up to h11's
+# 100 KiB, so without a bound endless `103 Early Hints` are read forever.
+_HEAD_BYTES = 512 * 1024
+# What a redirect's body may take: httpx reads it whole, and nobody ever looks at it.
+_REDIRECT_BODY_BYTES = 512 * 1024
+
+
+@attrs.define
+class _ReadMeter:
+    """The bytes the connections of one call may still read, raw off the network, for
+    the response in flight: first its head, then its body. `_MeteredStream` charges
+    every read here; past the bound the read fails, for good.
+
+    One meter serves all the connections of a client, as a client lives for one call
+    and sends one request at a time (the next hop of a redirect after the last).
+    """
+
+    body_limit: int
+    url: str = ""
+    left: int = _HEAD_BYTES
+    part: str = f"over {_HEAD_BYTES} bytes of informational responses and headers"
+
+    def start_head(self, url: str) -> None:
+        self.url, self.left = url, _HEAD_BYTES
+        self.part = f"over {_HEAD_BYTES} bytes of informational responses and headers"
+
+    def start_body(self, is_redirect: bool) -> None:
+        if is_redirect:
+            self.left = _REDIRECT_BODY_BYTES
+            self.part = f"a redirect with a body over {_REDIRECT_BODY_BYTES} bytes"
+        else:
+            # Chunked framing costs a few bytes a chunk: twice the raw bound leaves
+            # room for chunks down to a handful of bytes, and the body's own reader
+            # (`_DecodedBody`) stops at the raw bound first.
+            self.left = 2 * _raw_limit(self.body_limit)
+            self.part = f"over {self.left} bytes for a body this tool reads {self.body_limit} bytes of"
+
+    def charge(self, size: int) -> None:
+        self.left -= size
+        if self.left < 0:
+            raise ToolError(f"{self.url} sent {self.part}; it was not read further", retryable=False)
+
+
+class _MeteredStream(httpcore.AsyncNetworkStream):
+    """A network stream whose reads are charged to a `_ReadMeter`."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkStream, meter: _ReadMeter) -> None:
+        self._inner = inner
+        self._meter = meter
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        data = await self._inner.read(max_bytes, timeout)
+        self._meter.charge(len(data))
+        return data
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        await self._inner.write(buffer, timeout)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's signature
+    ) -> httpcore.AsyncNetworkStream:
+        inner = await self._inner.start_tls(ssl_context, server_hostname, timeout)
+        return _MeteredStream(inner, self._meter)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
 
 
 class _PinnedBackend(httpcore.AsyncNetworkBackend):
@@ -401,16 +499,38 @@ class _PinnedBackend(httpcore.AsyncNetworkBackend):
     address is checked, and the socket is opened to a checked address as a number.
     TLS still names the host: httpcore passes it for SNI and certificate checks, and
     the Host header comes from the URL. A refused address raises RefusedAddress
-    before any socket is opened.
+    before any socket is opened. What the connections read is metered (`_ReadMeter`),
+    and the client's event hooks tell the backend where each request goes and when
+    its head has arrived.
     """
 
     def __init__(
-        self, policy: NetworkPolicy, resolver: Resolver, *, private_ok_host: str | None = None
+        self,
+        policy: NetworkPolicy,
+        resolver: Resolver,
+        *,
+        body_limit: int,
+        private_ok: _Origin | None = None,
     ) -> None:
         self._policy = policy
         self._resolver = resolver
-        self._private_ok_host = private_ok_host
+        self._private_ok = private_ok
+        self._requested: _Origin | None = None
+        self._meter = _ReadMeter(body_limit)
         self._inner = httpcore.AnyIOBackend()
+
+    async def request_started(self, request: httpx.Request) -> None:
+        """httpx's request hook: each hop of a call, before it is sent."""
+        self._requested = _origin(request.url)
+        self._meter.start_head(str(request.url))
+
+    async def head_received(self, response: httpx.Response) -> None:
+        """httpx's response hook: each hop's final status line and headers have arrived."""
+        self._meter.start_body(response.has_redirect_location)
+        if response.has_redirect_location:
+            # httpx reads a redirect's body whole, inflating it as it goes (a few
+            # hundred KiB of gzip can hold gigabytes); nobody reads it, so it stays raw.
+            response.headers.pop("content-encoding", None)
 
     async def connect_tcp(
         self,
@@ -421,7 +541,9 @@ class _PinnedBackend(httpcore.AsyncNetworkBackend):
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.AsyncNetworkStream:
         policy = self._policy
-        if host.lower() == self._private_ok_host:
+        # httpcore names no scheme here: the request this connection is for does.
+        exempt = self._private_ok
+        if exempt is not None and self._requested == exempt and (host.lower(), port) == exempt[1:]:
             policy = attrs.evolve(policy, allow_private=True)
         try:
             with anyio.fail_after(timeout):
@@ -430,7 +552,8 @@ class _PinnedBackend(httpcore.AsyncNetworkBackend):
                     rule = policy.check(address)
                     if rule is not None:
                         raise RefusedAddress(host, address, rule)
-                return await self._connect_any(host, addresses, port, local_address, socket_options)
+                stream = await self._connect_any(host, addresses, port, local_address, socket_options)
+                return _MeteredStream(stream, self._meter)
         except TimeoutError as exc:
             raise httpcore.ConnectTimeout(
                 f"looking up and connecting to {host} took over {timeout} s"
@@ -516,16 +639,20 @@ def _checked_url(url: object) -> str:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, ValueError, TypeError) as exc:
         raise ToolError(f"not a valid URL: {url!r} ({exc})", retryable=False) from exc
-    if parsed.scheme not in ("http", "https") or not parsed.host:
+    # `raw_host`, not `host`: reading `host` decodes an A-label (`xn--...`), which
+    # fails on a broken one, and that is for the check below to report.
+    raw_host = parsed.raw_host.decode("ascii")
+    if parsed.scheme not in ("http", "https") or not raw_host:
         raise ToolError(f"only http and https URLs with a host are allowed, got {url!r}", retryable=False)
     try:
         # What the resolver will do with the name: an empty label or one over 63
-        # characters fails here, not as a UnicodeError deep inside the connect.
-        parsed.raw_host.decode("ascii").encode("idna")
+        # characters fails here, not as a UnicodeError deep inside the connect. And
+        # what httpx does with it: an A-label that decodes to nothing valid
+        # (`xn--169-254-169-254`) is junk, not a name worth retrying.
+        raw_host.encode("idna")
+        _ = parsed.host
     except UnicodeError as exc:
-        raise ToolError(
-            f"not a valid host name: {parsed.host!r} in {url!r} ({exc})", retryable=False
-        ) from exc
+        raise ToolError(f"not a valid host name: {raw_host!r} in {url!r} ({exc})", retryable=False) from exc
     return url
 
 
@@ -581,8 +708,9 @@ _ENCODINGS = ("gzip", "x-gzip", "deflate")
 
 
 @asynccontextmanager
-async def _body_chunks(response: httpx.Response) -> AsyncIterator[AsyncIterator[bytes]]:
-    """The (decoded) body's chunks, each at most 64 KiB, safe to leave early.
+async def _body_chunks(response: httpx.Response, limit: int) -> AsyncIterator[_DecodedBody]:
+    """The (decoded) body's chunks, each at most 64 KiB, safe to leave early; no more
+    than `_raw_limit(limit)` raw bytes are read for them.
 
     The body is read raw and decoded here, not by httpx: httpx inflates each network
     chunk in full (and each stacked encoding in turn), so a few hundred bytes of
@@ -599,7 +727,7 @@ async def _body_chunks(response: httpx.Response) -> AsyncIterator[AsyncIterator[
     decoder = _BodyDecoder(response.headers.get("content-encoding", ""), str(response.url))
     raw = response.aiter_raw()
     try:
-        yield _DecodedBody(raw, decoder)
+        yield _DecodedBody(raw, decoder, _raw_limit(limit))
     finally:
         with anyio.move_on_after(1, shield=True):
             await response.aclose()
@@ -635,9 +763,19 @@ class _BodyDecoder:
         self._pending = b""
         self._started = False
 
+    @property
+    def finished(self) -> bool:
+        """Whether the encoded stream has ended: no more input is wanted."""
+        return self._inflater is not None and bool(self._inflater.eof)
+
+    @property
+    def past_end(self) -> bool:
+        """Whether input went on past the end of the encoded stream."""
+        return self.finished and bool(self._inflater.unused_data)
+
     def push(self, data: bytes) -> None:
-        if self._inflater is not None and self._inflater.eof:
-            return  # anything after the end of the stream is ignored, as httpx does
+        if self.finished:
+            return  # anything after the end of the stream is dropped, as httpx does
         self._pending += data
 
     def take(self) -> bytes:
@@ -662,13 +800,33 @@ class _BodyDecoder:
         return piece
 
 
-class _DecodedBody:
-    """An async iterator of decoded chunks, read from `raw` only as they are wanted."""
+def _raw_limit(limit: int) -> int:
+    """The raw (still encoded) bytes read for a body of at most `limit` decoded bytes.
 
-    def __init__(self, raw: AsyncIterator[bytes], decoder: _BodyDecoder) -> None:
+    Encoded, a body is at most a little longer than decoded (deflate's stored blocks
+    add 5 bytes per 64 KiB, under 1/1024; gzip's header and trailer a few bytes), and
+    a raw chunk from httpx may run 64 KiB past what was wanted. A body that needs more
+    than this inflates past `limit`, or to nothing at all (endless empty deflate
+    blocks): either way it is longer than the limit, and reading stops there.
+    """
+    return limit + limit // 1024 + 2 * _DECODED_CHUNK
+
+
+class _DecodedBody:
+    """An async iterator of decoded chunks, read from `raw` only as they are wanted, and
+    no further than `raw_limit` bytes or the end of the encoded stream.
+
+    After the iteration, `overran` says whether it stopped at `raw_limit` (the body is
+    longer than its limit), and `left_out` names what it did not read past the end
+    of the encoded stream ("" when nothing followed it)."""
+
+    def __init__(self, raw: AsyncIterator[bytes], decoder: _BodyDecoder, raw_limit: int) -> None:
         self._raw = raw
         self._decoder = decoder
+        self._raw_limit = raw_limit
+        self._raw_read = 0
         self._ended = False
+        self.overran = False
 
     def __aiter__(self) -> _DecodedBody:
         return self
@@ -678,25 +836,39 @@ class _DecodedBody:
             piece = self._decoder.take()
             if piece:
                 return piece
-            if self._ended:
+            # The end of a gzip or deflate stream is the end of the body: whatever a
+            # server sends after it is not read, so it cannot cost without limit.
+            if self._ended or self._decoder.finished:
                 raise StopAsyncIteration
             try:
-                self._decoder.push(await self._raw.__anext__())
+                data = await self._raw.__anext__()
             except StopAsyncIteration:
                 self._ended = True
+                continue
+            self._raw_read += len(data)
+            if self._raw_read > self._raw_limit:
+                self._ended = self.overran = True
+            self._decoder.push(data)
+
+    @property
+    def left_out(self) -> str:
+        if not self._decoder.past_end:
+            return ""
+        return f"[the body went on past the end of its {self._decoder.coding} data; the rest was not read]"
 
 
-async def _read_bounded(response: httpx.Response, limit: int) -> tuple[bytes, bool]:
-    """At most `limit` bytes of the (decoded) body, and whether there was more."""
+async def _read_bounded(response: httpx.Response, limit: int) -> tuple[bytes, bool, str]:
+    """At most `limit` bytes of the (decoded) body, whether there was more, and a note
+    on what was left out past the end of its encoded data ("" when nothing was)."""
     buffer = bytearray()
-    async with _body_chunks(response) as chunks:
+    async with _body_chunks(response, limit) as chunks:
         async for chunk in chunks:
             room = limit - len(buffer)
             if len(chunk) > room:
                 buffer += chunk[:room]
-                return bytes(buffer), True
+                return bytes(buffer), True, ""
             buffer += chunk
-    return bytes(buffer), False
+    return bytes(buffer), chunks.overran, chunks.left_out
 
 
 def _raise_for_status(response: httpx.Response, method: str, body: bytes) -> None:

@@ -22,6 +22,12 @@ ALWAYS_REFUSED = [
     ("100.100.100.200", "100.100.100.200/32 is a cloud metadata service"),
     ("fd00:ec2::254", "fd00:ec2::254/128 is a cloud metadata service"),
     ("fd20:ce::254", "fd20:ce::254/128 is a cloud metadata service"),
+    ("fd00:ec2::23", "fd00:ec2::23/128 is a cloud credentials service (AWS EKS Pod Identity"),
+    ("fd00:c1::a9fe:a9fe", "fd00:c1::a9fe:a9fe/128 is a cloud metadata service (Oracle Cloud"),
+    ("192.0.0.192", "192.0.0.192/32 is a cloud metadata service (Oracle Cloud Classic)"),
+    ("168.63.129.16", "168.63.129.16/32 is a cloud metadata service (Azure WireServer)"),
+    ("::ffff:168.63.129.16", "the IPv4-mapped form of 168.63.129.16, 168.63.129.16/32"),
+    ("64:ff9b::c000:c0", "the NAT64 form of 192.0.0.192, 192.0.0.192/32"),
     ("fe80::1", "fe80::/10 is link-local"),
     ("fe80::1%eth0", "fe80::/10 is link-local"),
     ("fe80::a9fe:a9fe", "fe80::/10 is link-local"),
@@ -76,7 +82,7 @@ PUBLIC = [
     "8.8.8.8", "1.1.1.1", "93.184.216.34", "172.32.0.1", "172.15.255.255", "100.63.255.255",
     "100.128.0.0", "169.253.255.255", "169.255.0.0", "11.0.0.1", "223.255.255.255",
     "2606:4700:4700::1111", "2a00:1450:4001::200e", "::ffff:8.8.8.8", "2002:0808:0808::1",
-    "64:ff9b::8.8.8.8", "fbff:ffff::1",
+    "64:ff9b::8.8.8.8", "fbff:ffff::1", "168.63.129.15", "168.63.129.17",
 ]  # fmt: skip
 
 

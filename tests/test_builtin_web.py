@@ -96,6 +96,20 @@ class _Handler(BaseHTTPRequestHandler):
             port = self.headers["Host"].rsplit(":", 1)[1]
             rest = self.path.removeprefix("/to-localhost/")
             self._send(302, b"", "text/plain", Location=f"http://localhost:{port}/{rest}")
+        elif path.startswith("/to-https/"):  # the query is left alone: search_web sets it
+            port = self.headers["Host"].rsplit(":", 1)[1]
+            rest = self.path.removeprefix("/to-https/")
+            self._send(302, b"", "text/plain", Location=f"https://127.0.0.1:{port}/{rest}")
+        elif path == "/redirect-bomb":
+            body = _gzip_of_zeros(256)
+            self._send(302, body, "text/plain", Location="/plain", Content_Encoding="gzip")
+        elif path == "/early-hints":
+            for _ in range(3):
+                self.wfile.write(b"HTTP/1.1 103 Early Hints\r\nLink: </plain>; rel=preload\r\n\r\n")
+            self._send(200, b"after hints", "text/plain")
+        elif path == "/gzip-trailing":
+            body = gzip.compress(b"small text") + b"trailing junk"
+            self._send(200, body, "text/plain", Content_Encoding="gzip")
         elif path == "/redirect-bad-host":
             self._send(302, b"", "text/plain", Location=f"http://{LONG_HOST}/")
         elif path == "/loop":
@@ -453,6 +467,39 @@ async def test_a_decompression_bomb_is_cut_at_the_limit_in_small_memory(web: Web
     assert peak < 32 * _MIB
 
 
+async def test_bytes_after_the_end_of_a_gzip_body_are_left_out_and_said_so(
+    ws: Path, web: WebTools, server: str
+) -> None:
+    """The body ends where its gzip data ends: what follows is not read, and each tool's
+    result says so."""
+    note = "[the body went on past the end of its gzip data; the rest was not read]"
+    url = f"{server}/gzip-trailing"
+    assert (await _call(web, "fetch_page", url=url)).endswith(f"\n\nsmall text\n{note}")
+    assert (await _call(web, "http_request", url=url)).endswith(f"\n\nsmall text\n{note}")
+    out = await _call(web, "download_file", url=url, path="t.txt")
+    assert out.endswith(f" to t.txt\n{note}")
+    assert (ws / "t.txt").read_bytes() == b"small text"
+
+
+async def test_a_redirect_body_is_not_inflated(web: WebTools, server: str) -> None:
+    """A redirect whose unread gzip body inflates to 256 MiB is followed without
+    inflating it."""
+    assert len(_gzip_of_zeros(256)) < _MIB  # built before memory is measured
+    tracemalloc.start()
+    try:
+        out = await _call(web, "fetch_page", url=f"{server}/redirect-bomb")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out == f"URL: {server}/plain\n\njust text\n  indented"
+    assert peak < 32 * _MIB
+
+
+async def test_informational_responses_before_the_answer_are_skipped(web: WebTools, server: str) -> None:
+    """A few 103 Early Hints before the 200 are read past (the head bound is far above them)."""
+    assert (await _call(web, "fetch_page", url=f"{server}/early-hints")).endswith("\n\nafter hints")
+
+
 @pytest.mark.parametrize(
     ("path", "message"),
     [("/bomb-stacked", "stacked content encodings 'gzip, gzip'"), ("/brotli", "encoding 'br'")],
@@ -558,6 +605,7 @@ REFUSED_BY_DEFAULT = [
     ("http://[2002:a9fe:a9fe::]/", "the 6to4 form of 169.254.169.254", "always refused"),
     ("http://[64:ff9b::a9fe:a9fe]/", "the NAT64 form of 169.254.169.254", "always refused"),
     ("http://224.0.0.1/", "multicast", "always refused"),
+    ("http://168.63.129.16/machine/", "(Azure WireServer)", "always refused"),
 ]
 
 
@@ -601,8 +649,10 @@ async def test_loopback_is_refused_by_default_and_reached_when_allowed(
 
 
 @pytest.mark.parametrize(
-    "host", ["169.254.169.254", "0", "0.0.0.0", "[::ffff:169.254.169.254]", "[::]", "[::ffff:0.0.0.0]"]
-)
+    "host",
+    ["169.254.169.254", "0", "0.0.0.0", "[::ffff:169.254.169.254]", "[::]", "[::ffff:0.0.0.0]",
+     "192.0.0.192", "168.63.129.16", "[fd00:c1::a9fe:a9fe]", "[fd00:ec2::23]"],
+)  # fmt: skip
 async def test_always_refused_stays_refused_with_private_allowed(
     web: WebTools, server: str, network: NetworkGuard, host: str
 ) -> None:
@@ -737,6 +787,17 @@ async def test_the_search_endpoint_may_be_private_but_its_results_are_checked(
     message = await _refusal(web, "search_web", query="x")
     assert "'localhost' (127.0.0.1): 127.0.0.0/8 is loopback" in message
     assert network.connects == [("127.0.0.1", _port(server))] * 2
+
+
+async def test_the_search_endpoint_exemption_is_its_scheme_host_and_port(
+    ws: Path, server: str, network: NetworkGuard
+) -> None:
+    """A redirect from the loopback endpoint to https on the same host and port is another
+    endpoint: refused by the policy, not connected."""
+    web = WebTools(Workspace(ws), search_url=f"{server}/to-https/search")
+    message = await _refusal(web, "search_web", query="x")
+    assert "127.0.0.0/8 is loopback; refused unless allow_private_network=True" in message
+    assert network.connects == [("127.0.0.1", _port(server))]
 
 
 @pytest.mark.parametrize(
