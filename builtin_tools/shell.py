@@ -242,14 +242,16 @@ def _is_refused(word: str, refused: _Refused) -> bool:
 
 
 def _path_candidates(word: str) -> list[str]:
-    """What in `word` a program could take for a path: the word, an option's `=value`,
-    or, in a short option, whatever follows its letter (`-f../x`, `-O/etc/x`)."""
+    """What in `word` a program could take for a path: the word itself, even one that
+    looks like an option (after `--`, or as an option's value, `-x` is a file's name: a
+    link named `-x` may lead anywhere), an option's `=value`, or, in a short option,
+    whatever follows its letter (`-f../x`, `-O/etc/x`)."""
     if word.startswith("--"):
         _, eq, value = word.partition("=")
-        return [value] if eq else []
+        return [word, value] if eq else [word]
     if word.startswith("-") and len(word) > 1:
         _, eq, value = word.partition("=")
-        return [word[k:] for k in range(2, len(word))] + ([value] if eq else [])
+        return [word] + [word[k:] for k in range(2, len(word))] + ([value] if eq else [])
     return [word]
 
 
@@ -429,9 +431,11 @@ def is_read_only_command(
 #   they are read from `git config --list` first; that command runs none of them);
 # - `--no-ext-diff --no-textconv` after diff/log/show (the checked argv is what runs, so
 #   they go into it): `diff.external` has no value that turns it off.
-# - no submodule looked into (diff.ignoreSubmodules=all, status.submoduleSummary=false,
-#   submodule.recurse=false): git looks into one by running git there, which reads the
-#   submodule's own config, whose drivers the listing below never saw;
+# - no submodule looked into (`--ignore-submodules=all` after the subcommand, which a
+#   `.gitmodules` `ignore = none` cannot override as it does diff.ignoreSubmodules; and
+#   status.submoduleSummary=false, submodule.recurse=false): git looks into one by running
+#   git there, which reads the submodule's own config, whose drivers the listing below
+#   never saw;
 # - no transport allowed (protocol.allow=never, and each protocol by name, as well as every
 #   `protocol.<name>.allow` the config sets): a partial clone fetches missing objects on
 #   demand, running the remote's `uploadpack` program (any program its config names) or
@@ -717,8 +721,11 @@ class ShellTools:
             if program is None:
                 raise ToolError(f"cannot start the command: {words[0]!r} is not installed", retryable=False)
             argv = [program, *words[1:]]
-            if words[0] == "git" and words[1] != "status":
-                argv[2:2] = ["--no-ext-diff", "--no-textconv"]
+            if words[0] == "git":
+                # on the command line, above a `.gitmodules` `ignore = none` (see _SAFE_GIT_CONFIG)
+                argv[2:2] = ["--ignore-submodules=all"]
+                if words[1] != "status":
+                    argv[2:2] = ["--no-ext-diff", "--no-textconv"]
             stages.append(self._confine(argv, cwd, writable=False, network=False))
         return stages, env
 
