@@ -11,7 +11,6 @@ import math
 import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -21,10 +20,10 @@ from typing import Any
 import anyio
 import pytest
 
-from builtin_tools import default_registry
-from dispatcher import Allow, Deny, Dispatcher, Status, ToolCall, ToolResult
+from dispatcher import Status
 
 from ._procs import pids_with_argument
+from ._shell_gate import Gate, git_in, payload, run_command, shell_dispatcher
 from ._system import require_program
 
 _MARK = "PAYLOAD-RAN-7d41"  # what a program run by a hostile config prints to stderr
@@ -61,48 +60,6 @@ def ws(tmp_path: Path) -> Path:
     (root / "up").symlink_to(tmp_path)
     (root / "etc-link").symlink_to("/etc")
     return root.resolve()
-
-
-class _Gate:
-    """Records each command it is asked about, and allows or refuses them all."""
-
-    def __init__(self, allow: bool = False) -> None:
-        self.allow = allow
-        self.asked: list[dict[str, Any]] = []
-
-    def __call__(self, call: ToolCall, ctx: Any) -> Allow | Deny:
-        self.asked.append(dict(call.arguments))
-        return Allow() if self.allow else Deny("refused by the test's gate")
-
-    def commands(self) -> list[Any]:
-        return [args.get("command") for args in self.asked]
-
-
-def _dispatcher(ws: Path, gate: _Gate, **options: Any) -> Dispatcher:
-    registry = default_registry(ws, include=["run_command", "background_command"], **options)
-    return Dispatcher(registry, gate=gate)
-
-
-async def _call(ws: Path, args: dict[str, Any], *, gate: _Gate | None = None, **options: Any) -> ToolResult:
-    gate = gate if gate is not None else _Gate()
-    with anyio.fail_after(30):
-        return await _dispatcher(ws, gate, **options).invoke("run_command", args)
-
-
-def _git(cwd: Path, *args: str) -> None:
-    subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@example.org",
-         "-c", "protocol.file.allow=always", *args],
-        cwd=cwd, check=True, capture_output=True, timeout=30,
-    )  # fmt: skip
-
-
-def _payload(folder: Path, body: str) -> Path:
-    """An executable script in `folder` that prints the mark to stderr, then runs `body`."""
-    script = folder / "payload.sh"
-    script.write_text(f"#!/bin/bash\necho {_MARK} >&2\n{body}\n")
-    script.chmod(0o755)
-    return script
 
 
 @pytest.fixture
@@ -156,8 +113,8 @@ async def test_a_file_of_names_never_leads_outside_unasked(
     monkeypatch.setenv("THREEPASS_ATTACK_SECRET", "sk-live-attack-0001")
     # A file the model may write with edit_file, which no gate guards.
     (ws / "names").write_bytes(b"/etc/passwd\0/proc/self/environ")
-    gate = _Gate()
-    result = await _call(ws, {"command": command}, gate=gate)
+    gate = Gate()
+    result = await run_command(ws, {"command": command}, gate=gate)
     assert "sk-live-attack-0001" not in result.content
     assert "/etc/passwd" not in result.content and "root:x:0:0" not in result.content
     assert gate.commands() == [command], result.content
@@ -179,8 +136,8 @@ async def test_proc_self_cwd_never_leads_outside_unasked(
     deep.mkdir(parents=True)
     monkeypatch.chdir(deep)
     command = "cat /proc/self/cwd/" + "../" * depth + "etc/passwd"
-    gate = _Gate()
-    async with _dispatcher(ws, gate).session("s") as s:
+    gate = Gate()
+    async with shell_dispatcher(ws, gate).session("s") as s:
         with anyio.fail_after(30):
             result = await s.invoke(tool, {"command": command})
             if tool == "background_command" and result.status is Status.ok:
@@ -223,8 +180,8 @@ async def test_a_folder_swapped_for_a_link_after_the_check_shows_only_what_the_s
         while not stop.is_set():
             _renameat2(_AT_FDCWD, d, _AT_FDCWD, parked, 2)  # RENAME_EXCHANGE
 
-    gate = _Gate()
-    dispatcher = _dispatcher(ws, gate)
+    gate = Gate()
+    dispatcher = shell_dispatcher(ws, gate)
     seen: list[str] = []
     thread = threading.Thread(target=swap, daemon=True)
     thread.start()
@@ -252,14 +209,14 @@ async def test_git_whose_worktree_is_set_outside_shows_the_workspace_only(
 ) -> None:
     """`git diff` in a repository whose core.worktree is outside (here /etc) diffs the
     folder that holds its `.git`, never the one the config names."""
-    _git(ws, "init", "-q", ".")
+    git_in(ws, "init", "-q", ".")
     (ws / "passwd").write_text("inside\n")
-    _git(ws, "add", "passwd")
-    _git(ws, "commit", "-q", "-m", "first")
-    _git(ws, "config", "core.worktree", "/etc")
+    git_in(ws, "add", "passwd")
+    git_in(ws, "commit", "-q", "-m", "first")
+    git_in(ws, "config", "core.worktree", "/etc")
     (ws / "passwd").write_text("changed in the workspace\n")
-    gate = _Gate()
-    result = await _call(ws, {"command": "git diff"}, gate=gate)
+    gate = Gate()
+    result = await run_command(ws, {"command": "git diff"}, gate=gate)
     assert "root:x:0:0" not in result.content
     assert "+changed in the workspace" in result.content and "-inside" in result.content, result.content
 
@@ -268,18 +225,18 @@ async def test_git_whose_worktree_is_set_outside_shows_the_workspace_only(
 def nested_repository(ws: Path, git: str) -> Path:
     """A repository in the workspace whose submodule `lib` (a repository inside, with a
     modified file) names a clean filter in its own config."""
-    _git(ws, "init", "-q", ".")
+    git_in(ws, "init", "-q", ".")
     lib = ws / "lib"
     lib.mkdir()
-    _git(lib, "init", "-q", ".")
+    git_in(lib, "init", "-q", ".")
     (lib / "f.txt").write_text("a\n")
     (lib / ".gitattributes").write_text("* filter=evil\n")
-    _git(lib, "add", ".")
-    _git(lib, "commit", "-q", "-m", "lib")
-    _git(ws, "add", "lib")
-    _git(ws, "commit", "-q", "-m", "top")
-    script = _payload(ws, "cat")
-    _git(lib, "config", "filter.evil.clean", str(script))
+    git_in(lib, "add", ".")
+    git_in(lib, "commit", "-q", "-m", "lib")
+    git_in(ws, "add", "lib")
+    git_in(ws, "commit", "-q", "-m", "top")
+    script = payload(ws, _MARK, "cat")
+    git_in(lib, "config", "filter.evil.clean", str(script))
     (lib / "f.txt").write_text("b\n")
     return ws
 
@@ -289,8 +246,8 @@ async def test_read_only_git_runs_no_program_a_submodule_config_names(
     nested_repository: Path, bwrap: str, command: str
 ) -> None:
     """Auto-approved git status/diff run no filter a submodule's own config names."""
-    gate = _Gate()
-    result = await _call(nested_repository, {"command": command}, gate=gate)
+    gate = Gate()
+    result = await run_command(nested_repository, {"command": command}, gate=gate)
     assert _MARK not in result.content
 
 
@@ -300,23 +257,23 @@ def partial_clone(tmp_path: Path, git: str) -> Path:
     `uploadpack` names a program of the workspace's."""
     origin = tmp_path / "origin"
     origin.mkdir()
-    _git(origin, "init", "-q", ".")
+    git_in(origin, "init", "-q", ".")
     (origin / "f.txt").write_text("blob fetched on demand\n")
-    _git(origin, "add", ".")
-    _git(origin, "commit", "-q", "-m", "o")
-    _git(origin, "config", "uploadpack.allowFilter", "true")
+    git_in(origin, "add", ".")
+    git_in(origin, "commit", "-q", "-m", "o")
+    git_in(origin, "config", "uploadpack.allowFilter", "true")
     ws = tmp_path / "clone"
-    _git(tmp_path, "clone", "-q", "--filter=blob:none", "--no-checkout", f"file://{origin}", str(ws))
+    git_in(tmp_path, "clone", "-q", "--filter=blob:none", "--no-checkout", f"file://{origin}", str(ws))
     return ws.resolve()
 
 
 async def test_read_only_git_runs_no_upload_pack_the_config_names(partial_clone: Path, bwrap: str) -> None:
     """Auto-approved `git show` in a partial clone runs no remote.*.uploadpack program (lazy fetch)."""
-    script = _payload(partial_clone, "exit 1")
-    _git(partial_clone, "config", "remote.origin.uploadpack", str(script))
-    gate = _Gate()
+    script = payload(partial_clone, _MARK, "exit 1")
+    git_in(partial_clone, "config", "remote.origin.uploadpack", str(script))
+    gate = Gate()
     for command in ("git show HEAD:f.txt", "git log -p"):
-        result = await _call(partial_clone, {"command": command}, gate=gate)
+        result = await run_command(partial_clone, {"command": command}, gate=gate)
         assert _MARK not in result.content, f"{command!r} ran the payload unasked:\n{result.content}"
 
 
@@ -325,15 +282,16 @@ async def test_whatever_auto_approved_git_runs_cannot_write_connect_or_linger(
 ) -> None:
     """What a hostile git config runs in an auto-approved command cannot write, connect or linger."""
     port = listener.getsockname()[1]
-    script = _payload(
+    script = payload(
         partial_clone,
+        _MARK,
         f"touch {partial_clone}/written\n"
         f"(exec 3<>/dev/tcp/127.0.0.1/{port}) && echo CONNECTED >&2\n"
         f"setsid sleep {_SLEEP} </dev/null >/dev/null 2>&1 &\n"
         "exit 1",
     )
-    _git(partial_clone, "config", "remote.origin.uploadpack", str(script))
-    result = await _call(partial_clone, {"command": "git show HEAD:f.txt"})
+    git_in(partial_clone, "config", "remote.origin.uploadpack", str(script))
+    result = await run_command(partial_clone, {"command": "git show HEAD:f.txt"})
     assert not (partial_clone / "written").exists()
     assert "CONNECTED" not in result.content and not _was_connected(listener)
     with anyio.fail_after(5):
@@ -346,10 +304,10 @@ async def test_unsandboxed_auto_approved_git_writes_nothing_outside(
 ) -> None:
     """With sandbox=False, auto-approved `git show` runs no program that writes outside."""
     outside = tmp_path / "outside-marker"
-    script = _payload(partial_clone, f"touch {outside}\nexit 1")
-    _git(partial_clone, "config", "remote.origin.uploadpack", str(script))
-    gate = _Gate()
-    result = await _call(partial_clone, {"command": "git show HEAD:f.txt"}, gate=gate, sandbox=False)
+    script = payload(partial_clone, _MARK, f"touch {outside}\nexit 1")
+    git_in(partial_clone, "config", "remote.origin.uploadpack", str(script))
+    gate = Gate()
+    result = await run_command(partial_clone, {"command": "git show HEAD:f.txt"}, gate=gate, sandbox=False)
     assert not outside.exists(), result.content
 
 
@@ -471,8 +429,8 @@ HELD = [
 async def test_the_gate_is_asked_before_anything_of_this_runs(ws: Path, bwrap: str, command: str) -> None:
     """Program-running options, expansions, paths outside and look-alikes are never auto-approved."""
     before = sorted(os.listdir(ws))
-    gate = _Gate()
-    result = await _call(ws, {"command": command}, gate=gate)
+    gate = Gate()
+    result = await run_command(ws, {"command": command}, gate=gate)
     assert gate.commands() == [command]
     assert result.status is Status.denied
     assert sorted(os.listdir(ws)) == before
@@ -483,8 +441,8 @@ async def test_a_background_start_asks_the_gate_as_run_command_does(
     ws: Path, bwrap: str, command: str
 ) -> None:
     """background_command's start asks the gate for what run_command would."""
-    gate = _Gate()
-    async with _dispatcher(ws, gate).session("s") as s:
+    gate = Gate()
+    async with shell_dispatcher(ws, gate).session("s") as s:
         with anyio.fail_after(30):
             result = await s.invoke("background_command", {"command": command})
     assert gate.commands() == [command] and result.status is Status.denied
@@ -498,8 +456,8 @@ async def test_look_alike_arguments_that_are_auto_approved_read_only_the_workspa
     ws: Path, bwrap: str, command: str
 ) -> None:
     """`@file`, `--`, `~` in a word, `..` and links inside run unasked, reading only the workspace."""
-    gate = _Gate()
-    result = await _call(ws, {"command": command}, gate=gate)
+    gate = Gate()
+    result = await run_command(ws, {"command": command}, gate=gate)
     assert gate.asked == [] and result.status is Status.ok
     assert "OUTSIDE-SECRET" not in result.content and "root:x:0:0" not in result.content
 
@@ -532,14 +490,14 @@ async def test_junk_arguments_fail_naming_the_problem(
     ws: Path, bwrap: str, args: dict[str, Any], named: str
 ) -> None:
     """Junk arguments end in a failed result naming the bad field, never in a run."""
-    result = await _call(ws, args, gate=_Gate(allow=True))
+    result = await run_command(ws, args, gate=Gate(allow=True))
     assert result.status in (Status.invalid_arguments, Status.failed)
     assert named in result.content
 
 
 async def test_a_nul_in_an_approved_command_fails_plainly(ws: Path, bwrap: str) -> None:
     """A NUL in a command the gate approved is a plain, non-retryable error naming the NUL."""
-    result = await _call(ws, {"command": "echo 'a\x00b'"}, gate=_Gate(allow=True))
+    result = await run_command(ws, {"command": "echo 'a\x00b'"}, gate=Gate(allow=True))
     assert result.status is Status.failed
     assert "NUL" in result.content or "null" in result.content
     assert '"retryable": false' in result.content, result.content
@@ -548,9 +506,9 @@ async def test_a_nul_in_an_approved_command_fails_plainly(ws: Path, bwrap: str) 
 async def test_a_long_command_line_is_judged_in_linear_time(ws: Path, bwrap: str) -> None:
     """A 40,000-character command is refused to the gate at once, not after seconds of lexing."""
     command = "cat " + "a" * 40_000
-    gate = _Gate()
+    gate = Gate()
     start = time.monotonic()
-    result = await _call(ws, {"command": command}, gate=gate)
+    result = await run_command(ws, {"command": command}, gate=gate)
     elapsed = time.monotonic() - start
     assert result.status is Status.denied and len(gate.asked) == 1
     assert elapsed < 1.5, f"judging one 40 kB command line took {elapsed:.1f} s (the event loop was held)"
