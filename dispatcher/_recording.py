@@ -49,13 +49,15 @@ reported as a `Divergence`.
 No secret is written (`_credentials` says what counts as one): arguments, gate
 decisions and the plan's keys are those of the redacted arguments, and each secret of a
 batch that a result echoes (at least `MIN_ECHO_LENGTH` characters) is replaced in that
-result's text by its marker. A call's arguments given as JSON text stay that text unless
-they hold a credential: then they are written anew from what they hold, redacted (a key
-given twice included, whose first value json drops), or, if they do not parse, with the
-values of credential names and the credentials of URLs replaced in place by stand-ins of
-the same length (so that they fail to parse where they did). Replay treats the calls and
-results it makes the same way before comparing, so the same secret matches and a
-different one diverges. The file is
+result's text by its marker, and so is a secret of an earlier batch of the recording that
+a later result echoes (`chat_history` showing an old result, say: `Recorder._echoed`). A
+call's arguments given as JSON text stay that text unless they hold a credential: then
+they are written anew from what they hold, redacted (a key given twice included, whose
+first value json drops), or, if they do not parse, with the values of credential names
+and the credentials of URLs replaced in place by stand-ins of the same length (so that
+they fail to parse where they did). Replay treats the calls and results it makes the
+same way before comparing, so the same secret matches and a different one diverges. The
+file is
 created 0600; the chain hashes each line as written, after redaction.
 """
 
@@ -83,7 +85,13 @@ import orjson
 import xxhash
 
 from . import _backend
-from ._credentials import may_hold_credentials, redact_collecting, redact_json_text, redact_text
+from ._credentials import (
+    MIN_ECHO_LENGTH,
+    may_hold_credentials,
+    redact_collecting,
+    redact_json_text,
+    redact_text,
+)
 from ._exceptions import DispatchInterrupted, HookBlocked
 from ._history import DEFAULT_HISTORY_LIMIT
 from ._plan import FIND_TOOLS, STOPPED_KEY, FinishedCall, Plan, PlannedCall, call_key, canonical_json
@@ -383,6 +391,7 @@ def _common_rows(
     rewritten: bool = True,
     apart: bool = True,
     received: Sequence[tuple[str, str, str] | None] | None = None,
+    echoed: frozenset[str] = frozenset(),
 ) -> list[Any] | orjson.Fragment | None:
     """The rows of the common batch's `rows` record (`_batch_of_rows`), which holds nothing to
     redact: every call the OpenAI chat shape with an id, a name and JSON text, planned and
@@ -397,7 +406,8 @@ def _common_rows(
     so that they are not all alive in the line's record as well. `received` (`Plan.received`):
     per call, its id, name and arguments text as pass 1 read them in place, each known to
     be text, or None; a call of those is not read and checked again (the row holds what was
-    planned, should the caller have changed the item since)."""
+    planned, should the caller have changed the item since). `echoed`: the secrets of the
+    recording's earlier batches; a batch with a result that holds one is no common batch."""
     if not len(calls) == len(planned) == len(results):
         return None
     reads: Iterable[tuple[str, str, str] | None] = (
@@ -464,6 +474,8 @@ def _common_rows(
                 return None
             tools = tools or set()
             tools.add(id(tool))
+    if echoed and _echoes(results, echoed):
+        return None
     scanned = "\x00".join(map(_ARGUMENTS, rows))
     if rewritten:
         scanned += "\x00" + "\x00".join(map(_SENT, planned))
@@ -472,6 +484,11 @@ def _common_rows(
     if apart and len(rows) >= _ENCODED_FROM:
         return _encoded(rows)
     return rows
+
+
+def _echoes(results: Sequence[ToolResult | None], secrets: frozenset[str]) -> bool:
+    """Whether a result's text holds one of `secrets`."""
+    return any(secret in r.content for r in results if r is not None for secret in secrets)
 
 
 _ARGUMENTS = itemgetter(2)  # of a row
@@ -502,6 +519,7 @@ def _common_record(
     control: BaseException | None,
     all_loaded: bool,
     rewritten: bool,
+    echoed: frozenset[str] = frozenset(),
 ) -> dict[str, Any] | None:
     """The common batch's `rows` record (`_common_rows`), less `seq` and `prev`, or None
     for any other batch; `planned` and `received` its plan's (`Plan.calls`, `Plan.received`).
@@ -509,7 +527,7 @@ def _common_record(
     record too (a run or round past 64 bits, from a snapshot say, would send it to json,
     which cannot write a fragment)."""
     apart = type(run_id) is type(round) is int and run_id in _ORJSON_INTS and round in _ORJSON_INTS
-    rows = _common_rows(calls, planned, results, rewritten, apart, received)
+    rows = _common_rows(calls, planned, results, rewritten, apart, received, echoed)
     return None if rows is None else _rows_record(run_id, round, all_loaded, rows, control)
 
 
@@ -536,15 +554,17 @@ _new_unbuilt: Callable[[type[_Unbuilt], tuple[Any, ...]], _Unbuilt] = tuple.__ne
 """`_Unbuilt(*parts)` without the named tuple's Python `__new__` (one a batch)."""
 
 
-def _made(unbuilt: _Unbuilt) -> tuple[dict[str, Any], bool]:
+def _made(
+    unbuilt: _Unbuilt, echoed: frozenset[str] = frozenset(), found: set[str] | None = None
+) -> tuple[dict[str, Any], bool]:
     """The record of a batch gathered unbuilt, as `Recorder._record_of` makes it of the
-    batch: the common `rows` record, else (a credential in the arguments, a result of
-    another kind) the batch record, its calls those pass 1 read, in the OpenAI chat shape
-    (which is all the batch record keeps of such a call)."""
+    batch (`echoed`, `found`: its own): the common `rows` record, else (a credential in
+    the arguments, a result of another kind) the batch record, its calls those pass 1
+    read, in the OpenAI chat shape (which is all the batch record keeps of such a call)."""
     run_id, round, received, planned, results, control, all_loaded, rewritten = unbuilt
     # the calls themselves are not read: every one was read in place (`received`)
     record = _common_record(
-        run_id, round, received, planned, received, results, control, all_loaded, rewritten
+        run_id, round, received, planned, received, results, control, all_loaded, rewritten, echoed
     )
     if record is not None:
         return record, True
@@ -554,10 +574,14 @@ def _made(unbuilt: _Unbuilt) -> tuple[dict[str, Any], bool]:
         if read is not None
     ]
     plan = Plan(planned, (), received=received)  # what the batch record reads of it
-    return Recorder._record_of(run_id, round, calls, plan, results, {}, control, all_loaded, rewritten)
+    return Recorder._record_of(
+        run_id, round, calls, plan, results, {}, control, all_loaded, rewritten, echoed=echoed, found=found
+    )
 
 
-def _made_together(gathered: Sequence[_Gathered]) -> Sequence[_Gathered]:
+def _made_together(
+    gathered: Sequence[_Gathered], echoed: frozenset[str] = frozenset()
+) -> Sequence[_Gathered]:
     """`gathered` with the records of its `_Unbuilt` batches made together, when every one of
     them is common: `_common_rows` of all their calls as though they were one batch (one
     pass, one credential scan), each batch's record then given its own rows: the same
@@ -580,7 +604,7 @@ def _made_together(gathered: Sequence[_Gathered]) -> Sequence[_Gathered]:
             together.append((i, g))
     if len(together) < 2:
         return gathered
-    rows = _common_rows(received, planned, results, rewritten, False, received)
+    rows = _common_rows(received, planned, results, rewritten, False, received, echoed)
     if type(rows) is not list:
         return gathered
     made: list[_Gathered] = list(gathered)
@@ -802,6 +826,9 @@ class Recorder:
         self._fd: int | None = None  # open for the session, between batches too
         self._named_fd: int | None = None  # `_fd`, just now seen still named
         self._fd_regular = False  # `_fd` is a regular file (not a FIFO, a socket, a terminal)
+        # the secrets the recording's batches held so far, redacted wherever a later result
+        # echoes them (replaced whole, never changed in place: the writer thread reads it)
+        self._echoed: frozenset[str] = frozenset()
         self._closer: weakref.finalize[Any, Any] | None = None
         self._writer_state()
         _RECORDERS.add(self)
@@ -954,7 +981,7 @@ class Recorder:
         encoded in one go; None for any other batch (and for one whose record orjson
         cannot write), which `record_batch` takes."""
         try:
-            rows = _common_rows(calls, plan.calls, results, rewritten, False, plan.received)
+            rows = _common_rows(calls, plan.calls, results, rewritten, False, plan.received, self._echoed)
             if rows is None:
                 return None
             assert self._seq is not None
@@ -1057,7 +1084,16 @@ class Recorder:
         else:
             try:
                 record = _common_record(
-                    run_id, round, calls, plan.calls, plan.received, results, control, all_loaded, rewritten
+                    run_id,
+                    round,
+                    calls,
+                    plan.calls,
+                    plan.received,
+                    results,
+                    control,
+                    all_loaded,
+                    rewritten,
+                    self._echoed,
                 )
             except Exception:  # what the writer thread would say, and does
                 return False
@@ -1241,8 +1277,11 @@ class Recorder:
                 if job.records is not None:
                     records.extend(job.records)
                 if job.batch is not None and self.problem is None:
+                    # those before it first: it is to be made knowing their secrets
+                    self._append_all(records)
+                    records = []
                     try:
-                        records.append(self._record_of(**job.batch))
+                        records.append(self._made_of(job.batch))
                     except Exception as exc:  # as record_batch: the lines before it are kept
                         self._append_all(records)
                         records = []
@@ -1414,7 +1453,7 @@ class Recorder:
             return
         failed: Exception | None = None
         with contextlib.suppress(Exception):  # else made one by one, below, each failure its own
-            records = _made_together(records)
+            records = _made_together(records, self._echoed)
         try:
             fd, lines = self._open()
             assert self._seq is not None
@@ -1422,7 +1461,12 @@ class Recorder:
             older = not self._rows
             for gathered in records:
                 try:
-                    record, plain = _made(gathered) if isinstance(gathered, _Unbuilt) else gathered
+                    if isinstance(gathered, _Unbuilt):
+                        found: set[str] = set()
+                        record, plain = _made(gathered, self._echoed, found)
+                        self._learn(found)
+                    else:
+                        record, plain = gathered
                     if older and record["type"] == "rows":
                         # a file of an older format gone on with: its readers know no `rows`
                         record, plain = _batch_of_rows(_loads(encode_line(record, finite=plain))), False
@@ -1468,14 +1512,27 @@ class Recorder:
         results; a record that cannot be made ends the recording as a failed write does."""
         if self.problem is not None:
             return
+        parts = _batch(run_id, round, calls, plan, results, decisions, control, all_loaded, rewritten)
         try:
-            built = self._record_of(
-                run_id, round, calls, plan, results, decisions, control, all_loaded, rewritten
-            )
+            built = self._made_of(parts)
         except Exception as exc:
             self._stop(exc)
             return
         self._append_all([built])
+
+    def _made_of(self, batch: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        """`_record_of` the batch whose parts `batch` holds (`_batch`), redacting the
+        secrets of the batches before it where its results echo them, and learning its own."""
+        found: set[str] = set()
+        made = self._record_of(**batch, echoed=self._echoed, found=found)
+        self._learn(found)
+        return made
+
+    def _learn(self, found: set[str]) -> None:
+        """The secrets a batch's record was redacted of, for the records after it."""
+        found = {secret for secret in found if len(secret) >= MIN_ECHO_LENGTH} - self._echoed
+        if found:
+            self._echoed = self._echoed | found
 
     @staticmethod
     def _record_of(
@@ -1488,14 +1545,28 @@ class Recorder:
         control: BaseException | None,
         all_loaded: bool = False,
         rewritten: bool = True,
+        *,
+        echoed: frozenset[str] = frozenset(),
+        found: set[str] | None = None,
     ) -> tuple[dict[str, Any], bool]:
         """(the record of one batch, as its line holds it less `seq` and `prev`; whether
         `_common_rows` built it: the common batch's `rows` record, built in one pass,
         which holds no float for `encode_line` to look for but its results' times; a file
-        of format 2 gone on with gets the batch record it stands for: see `_append_all`)."""
+        of format 2 gone on with gets the batch record it stands for: see `_append_all`).
+        `echoed`: the secrets of earlier batches, redacted in this one's results too;
+        `found`: where to add the secrets this batch's redaction found."""
         if not decisions:
             common = _common_record(
-                run_id, round, calls, plan.calls, plan.received, results, control, all_loaded, rewritten
+                run_id,
+                round,
+                calls,
+                plan.calls,
+                plan.received,
+                results,
+                control,
+                all_loaded,
+                rewritten,
+                echoed,
             )
             if common is not None:
                 return common, True
@@ -1525,9 +1596,11 @@ class Recorder:
             "calls": recorded_calls,
             "decisions": recorded_decisions,
             "plan": plan_rows,
-            "results": [None if r is None else _result_json(r, secrets) for r in results],
+            "results": [None if r is None else _result_json(r, secrets | echoed) for r in results],
             "control": None if control is None else type(control).__name__,
         }
+        if found is not None:
+            found |= secrets
         return record, False
 
 

@@ -964,3 +964,45 @@ async def test_a_ctrl_c_of_its_own_still_stops_a_replay(tmp_path: Path) -> None:
 
     with pytest.raises(KeyboardInterrupt):
         await replay(path, Dispatcher(_cutting_registry(), rewriters=[ctrl_c]))
+
+
+@pytest.mark.parametrize("wait", [True, False], ids=["waited", "gathered"])
+async def test_a_secret_of_an_earlier_batch_echoed_by_a_later_result_is_not_recorded(
+    tmp_path: Path, wait: bool
+) -> None:
+    """A secret one batch's arguments held, which a later batch's result shows again (a tool
+    that recalls an earlier result, as `chat_history` does), is its marker in that later
+    record too, whichever way the recording is made, and the recording still replays."""
+    secret = "sk-live-recalled-0123456789"
+    seen: list[str] = []
+
+    async def fetch(args: Mapping[str, Any], ctx: Any) -> str:
+        text = f"sent {json.dumps(args)}"
+        seen.append(text)
+        return text
+
+    async def recall(args: Mapping[str, Any], ctx: Any) -> str:
+        return f"earlier: {seen[0]}"
+
+    def registry() -> Registry:
+        return Registry(
+            [
+                Tool("fetch", "Fetch.", fetch, parameters={"type": "object"}, deferred=False),
+                Tool("recall", "Recall.", recall, parameters={"type": "object"}, deferred=False),
+            ]
+        )
+
+    path = tmp_path / "s.jsonl"
+    s = Dispatcher(registry()).session("rec", record=path, record_wait=wait)
+    headers = {"headers": {"Authorization": f"Bearer {secret}"}}
+    await s.dispatch([openai_call("1", "fetch", headers)])
+    for n in range(2, 5):  # several, so that gathered records are made together too
+        [result] = await s.dispatch([openai_call(str(n), "recall", {"n": n})])
+        assert secret in result.content  # the caller sees it: only the file must not
+    s.close()
+    data = path.read_bytes()
+    assert secret.encode() not in data
+    # the header's value is the credential: in the arguments, their echo, and each recall
+    assert data.count(redact(f"Bearer {secret}").encode()) == 5, data.decode()
+    report = await replay(path, Dispatcher(registry()))
+    assert report.ok and report.calls == 4, report.divergence
