@@ -125,7 +125,8 @@ def evaluate(expression: str) -> Number:
         tree = ast.parse(source, mode="eval")
     except SyntaxError as exc:
         raise ToolError(
-            f"not an arithmetic expression{_where(source, exc.offset)}: {exc.msg}", retryable=False
+            f"not an arithmetic expression{_where(source, exc.lineno, exc.offset)}: {exc.msg}",
+            retryable=False,
         ) from exc
     except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes, absurd nesting
         raise ToolError(f"not an arithmetic expression: {exc}", retryable=False) from exc
@@ -166,12 +167,22 @@ class _Evaluator:
         self._refuse(node, _describe(node))
 
     def _binary(self, node: ast.BinOp) -> Number:
-        entry = _BINARY.get(type(node.op))
-        if entry is None:
-            self._refuse(node, f"the operator {_OPERATOR_TEXT.get(type(node.op), '?')}")
-        symbol, op = entry
-        left = self.eval(node.left)
-        right = self.eval(node.right)
+        # a chain the parser leans left (`1 + 2 + ... + 499`, within the length limit) is
+        # walked down its left operands in a loop, not one frame each, which would run
+        # out of stack on a worker thread's; its operators are applied from the innermost
+        chain = [node]
+        while isinstance(chain[-1].left, ast.BinOp):
+            chain.append(chain[-1].left)
+        for step in chain:  # an operator refused before any operand is worked out, as ever
+            if type(step.op) not in _BINARY:
+                self._refuse(step, f"the operator {_OPERATOR_TEXT.get(type(step.op), '?')}")
+        value = self.eval(chain[-1].left)
+        for step in reversed(chain):
+            value = self._apply(step, value, self.eval(step.right))
+        return value
+
+    def _apply(self, node: ast.BinOp, left: Number, right: Number) -> Number:
+        symbol, op = _BINARY[type(node.op)]
         if symbol == "**":
             self._check_power(node, left, right)
         try:
@@ -188,7 +199,9 @@ class _Evaluator:
         if isinstance(base, int) and isinstance(exponent, int):
             if exponent < 0 or base in (0, 1, -1):
                 return
-            if base.bit_length() * exponent > _MAX_INT_BITS:
+            # the result's bits are about exponent * log2|base| (bit_length * exponent is up
+            # to twice that: 2 ** 6000 has 6001); past the bound either way, at once
+            if exponent > _MAX_INT_BITS or exponent * math.log2(abs(base)) > _MAX_INT_BITS:
                 self._fail(node, f"the power is too large (over {_MAX_INT_BITS} bits)")
         # A float power is one machine operation; overflow raises and is reported.
 
@@ -226,13 +239,16 @@ class _Evaluator:
         raise ToolError(f"{why} in {self._text(node)!r}", retryable=False)
 
 
-def _where(source: str, offset: int | None) -> str:
-    """Where a syntax error is, naming the character there."""
+def _where(source: str, lineno: int | None, offset: int | None) -> str:
+    """Where a syntax error is, naming the character there (the column is of its line)."""
     if offset is None:
         return ""
-    if not 1 <= offset <= len(source):
+    lines = source.split("\n")
+    line = lines[lineno - 1] if lineno is not None and 1 <= lineno <= len(lines) else source
+    if not 1 <= offset <= len(line):
         return " at the end"
-    return f" at column {offset} ({source[offset - 1]!r})"
+    place = f"line {lineno}, column {offset}" if len(lines) > 1 else f"column {offset}"
+    return f" at {place} ({line[offset - 1]!r})"
 
 
 def _describe(node: ast.AST) -> str:
