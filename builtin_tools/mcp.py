@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import logging
 import math
 import os
@@ -40,6 +41,7 @@ import re
 import shlex
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import IO, Any, Literal, TextIO, cast, overload
@@ -71,6 +73,7 @@ MetaHook = Callable[[ToolContext], Mapping[str, Any] | None]
 
 _NAME_CHAR = re.compile(r"[^A-Za-z0-9_.\-]")
 _STDERR_TAIL = 2000
+_SDK_CLOSED = "Connection closed"  # the message of the SDK's own CONNECTION_CLOSED error
 _CLIENT_INFO = mcp_types.Implementation(name="threepass", version="0.1.0")
 
 
@@ -146,7 +149,7 @@ class _Connection:
         try:
             result = await client.call_tool(tool, dict(args), meta=meta)
         except MCPError as exc:
-            if exc.code != CONNECTION_CLOSED:
+            if not _connection_closed(client, exc):
                 raise ToolError(
                     f"the MCP server {self.server!r} answered {tool} with error {exc.code}: {exc.message}",
                     retryable=retryable,
@@ -190,6 +193,30 @@ class _Connection:
     async def _stderr_note(self) -> str:
         tail = await _tail(self.stderr)
         return f"; its stderr ended with: {tail}" if tail else ""
+
+
+def _connection_closed(client: Client, exc: MCPError) -> bool:
+    """Whether `exc` is the SDK saying the connection closed, not the server's own error.
+
+    The SDK reports a closed connection as CONNECTION_CLOSED (-32000), which is also the
+    first code of JSON-RPC's range for servers' own errors: a live server may answer a
+    call with -32000 "rate limited". So the code alone says nothing. The SDK fails a
+    call this way when its write finds the transport torn down (the exception's context
+    is anyio's), or once its dispatcher has marked itself closed (it does so before it
+    fails the calls waiting on it, and fails every later one at once); a server's error
+    reaches its call while the dispatcher still reads. That state is not public
+    (`_closed`, mcp 2.x): where it cannot be read, the SDK's own words decide. A server
+    that answers and then exits gets its answer reported: the next call finds it gone."""
+    if exc.code != CONNECTION_CLOSED:
+        return False
+    if isinstance(exc.__context__, anyio.BrokenResourceError | anyio.ClosedResourceError):
+        return True
+    sdk_words = exc.message == _SDK_CLOSED and exc.data is None
+    try:
+        closed = getattr(getattr(client.session, "_dispatcher", None), "_closed", None)
+    except RuntimeError:  # the client has left its block: no session, nothing open
+        return True
+    return (closed and sdk_words) if isinstance(closed, bool) else sdk_words
 
 
 class MCPTools(Sequence[Tool]):
@@ -318,14 +345,15 @@ async def open_mcp(
                 info = client.server_info
                 server = _namespace(name or (info.name if info is not None else "") or label)
                 connection = _Connection(server=server, client=client, meta=meta, stderr=own_stderr)
-                tools = []
+                made: list[tuple[str, Tool]] = []
                 for listed_tool in listed:
                     tool = _tool_for(
                         listed_tool, connection, prefix=prefix, deferred=deferred, timeout=call_timeout,
                         trust_annotations=trust_annotations,
                     )  # fmt: skip
                     if tool is not None:
-                        tools.append(tool)
+                        made.append((listed_tool.name, tool))
+                tools = _unique_names(server, made, prefix=prefix)
                 try:
                     yield MCPTools(server, tools, connection, client.instructions)
                 finally:
@@ -399,6 +427,56 @@ def _tool_for(
     return tool
 
 
+def _unique_names(server: str, made: Sequence[tuple[str, Tool]], *, prefix: bool) -> list[Tool]:
+    """The tools, each under a name of its own (a registry refuses a second tool of a name).
+
+    A name the server lists twice is one tool to it (a call names it, and the server
+    picks), so the later listing is dropped. Distinct names that meet once made safe
+    (`a b` and `a_b`, or two that share their first 128 characters) are distinct tools,
+    and the agent should reach both: a tool whose name needed no change keeps it, and
+    the others get `_` and 8 hex digits of a hash of their MCP name. A hash rather than
+    a count, so that no name changes when the server lists its tools in another order
+    (recordings, cached results and the model's history name tools). One log line says
+    what was dropped or renamed."""
+    seen: set[str] = set()
+    kept: list[tuple[str, Tool]] = []
+    dropped: list[str] = []
+    for mcp_name, tool in made:
+        if mcp_name in seen:
+            dropped.append(mcp_name)
+        else:
+            seen.add(mcp_name)
+            kept.append((mcp_name, tool))
+    # A name that needed no change is its tool's; a changed name that another tool's also
+    # became goes to none of them (each gets its suffix), so that no name depends on order.
+    own = [t.name == (f"{server}__{mcp_name}" if prefix else mcp_name) for mcp_name, t in kept]
+    unchanged = {t.name for (_, t), is_own in zip(kept, own, strict=True) if is_own}
+    changed = Counter(t.name for (_, t), is_own in zip(kept, own, strict=True) if not is_own)
+    taken: set[str] = set()
+    tools: list[Tool] = []
+    renamed: list[str] = []
+    for (mcp_name, tool), is_own in zip(kept, own, strict=True):
+        name = tool.name
+        if not is_own and (name in unchanged or changed[name] > 1 or name in taken):
+            digest = hashlib.sha256(mcp_name.encode("utf-8", "surrogatepass")).hexdigest()
+            for extra in range(len(digest) - 7):  # a longer digest in the unlikely clash
+                name = f"{tool.name[: 128 - 9 - extra]}_{digest[: 8 + extra]}"
+                if name not in taken and name not in unchanged:
+                    break
+            renamed.append(f"{mcp_name!r} -> {name!r}")
+            tool = attrs.evolve(tool, name=name)
+        taken.add(name)
+        tools.append(tool)
+    if dropped or renamed:
+        _log.warning(
+            "MCP server %r: tool names that would collide%s%s",
+            server,
+            f"; listed again, dropped: {', '.join(map(repr, dropped))}" if dropped else "",
+            f"; renamed: {', '.join(renamed)}" if renamed else "",
+        )
+    return tools
+
+
 def _parameters(schema: Mapping[str, Any] | None) -> dict[str, Any]:
     params = dict(schema or {})
     params.setdefault("type", "object")
@@ -461,7 +539,8 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 def _describe(exc: BaseException) -> str:
     parts = []
     for leaf in _leaves(exc):
-        if isinstance(leaf, MCPError) and leaf.code == CONNECTION_CLOSED:
+        # the SDK's own error (a server's -32000 carries its own message: see `_connection_closed`)
+        if isinstance(leaf, MCPError) and leaf.code == CONNECTION_CLOSED and leaf.message == _SDK_CLOSED:
             parts.append("it closed the connection before the handshake (it exited or crashed)")
         elif isinstance(leaf, FileNotFoundError):
             parts.append(f"no such command ({leaf.strerror or leaf})")

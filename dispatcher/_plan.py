@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import attrs
 import orjson
+import referencing.exceptions
 import xxhash
 
 from ._credentials import carries_credentials, redact_arguments, redact_json_text
@@ -447,6 +448,18 @@ def _schema_errors(entry: RegisteredTool, args: Mapping[str, Any]) -> list[str]:
         path = "$" + "".join(f"[{p!r}]" if isinstance(p, str) else f"[{p}]" for p in err.absolute_path)
         errors.append(f"{path}: {err.message}")
     return errors
+
+
+def _reference_of(exc: referencing.exceptions.Unresolvable) -> str:
+    """The reference `exc` could not resolve, as the schema spells it where it can be told.
+    jsonschema wraps the error of `referencing` (its cause); a pointer's is the part after
+    `#`, an anchor's the anchor's name."""
+    cause = exc.__cause__ if isinstance(exc.__cause__, referencing.exceptions.Unresolvable) else exc
+    if isinstance(cause, referencing.exceptions.NoSuchAnchor):
+        return f"#{cause.anchor}"
+    if isinstance(cause, referencing.exceptions.PointerToNowhere):
+        return f"#{cause.ref}"
+    return safe_text(cause.ref)
 
 
 class _Batch:
@@ -1063,6 +1076,19 @@ class Planner:
             errors = _schema_errors(entry, args)
         except RecursionError:  # the validator recurses in Python, far sooner than json does
             self._fail(d, Status.invalid_arguments, "arguments nest too deeply to check against the schema")
+            return False
+        except referencing.exceptions.Unresolvable as exc:
+            # The tool's schema is broken, not the model's arguments: `failed`, and no retry
+            # helps (registration logged a local reference that points nowhere; a remote
+            # one is never fetched, so it always lands here). Only this call fails.
+            self._fail(
+                d,
+                Status.failed,
+                f"the schema of {d.name} refers to {_reference_of(exc)!r}, which cannot be resolved, "
+                "so no arguments can be checked against it",
+                retryable=False,
+                hint=f"{d.name} cannot be called until its schema is fixed; do without it",
+            )
             return False
         if not errors:
             return True

@@ -17,6 +17,9 @@ from typing import Any, Literal
 
 import attrs
 import jsonschema
+import referencing
+import referencing.exceptions
+import referencing.jsonschema
 import xxhash
 
 from ._exceptions import ToolDefinitionError, UnknownTool
@@ -124,6 +127,65 @@ def _is_async_callable(fn: Callable[..., Any]) -> bool:
         return True
     call = getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
     return call is not None and inspect.iscoroutinefunction(call)
+
+
+# Where a schema's `$ref`s are looked up: the schema itself (and the JSON Schema
+# metaschemas, which jsonschema adds to any registry it is given), nothing else.
+# jsonschema's default registry fetches any other http(s) reference with urlopen (a
+# deprecated fallback, but live): a tool schema from an MCP server could then make pass 1
+# reach any address, and wait on it. Here such a reference is unresolvable, and pass 1
+# fails that one call saying so.
+_OFFLINE_REFS: referencing.Registry[Any] = referencing.Registry()
+# The keywords of Draft 2020-12 whose value is a subschema, a list of them, or a map of
+# them (where `$ref` and `$dynamicRef` mean a reference; elsewhere, such as under
+# `properties` names or inside `enum`, `default` or `const`, they are data)
+_ONE_SCHEMA = frozenset(
+    {
+        "additionalProperties", "contains", "else", "if", "items", "not", "propertyNames",
+        "then", "unevaluatedItems", "unevaluatedProperties", "additionalItems",
+    }
+)  # fmt: skip
+_LIST_OF_SCHEMAS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_MAP_OF_SCHEMAS = frozenset({"$defs", "definitions", "properties", "patternProperties", "dependentSchemas"})
+
+
+def _local_refs(node: Any, found: list[str], root: bool = True) -> None:
+    """Every `#...` reference (`$ref`, `$dynamicRef`) in `node`, a schema, into `found`; a
+    subschema with an `$id` of its own is another document's base, and is left out."""
+    if not isinstance(node, Mapping) or (not root and "$id" in node):
+        return
+    for keyword in ("$ref", "$dynamicRef"):
+        ref = node.get(keyword)
+        if isinstance(ref, str) and ref.startswith("#"):
+            found.append(ref)
+    for keyword, value in node.items():
+        if keyword in _ONE_SCHEMA:
+            _local_refs(value, found, False)
+        if keyword in _LIST_OF_SCHEMAS and isinstance(value, list):
+            for sub in value:
+                _local_refs(sub, found, False)
+        elif keyword in _MAP_OF_SCHEMAS and isinstance(value, Mapping):
+            for sub in value.values():
+                _local_refs(sub, found, False)
+
+
+def _unresolvable_local_refs(schema: Mapping[str, Any]) -> list[str]:
+    """The references into `schema` itself (`#/...`, `#anchor`) that point nowhere in it.
+    Others (`urn:`, `http://`, a relative file) need a fetch to be judged, which
+    registration never makes: they fail each call instead."""
+    refs: list[str] = []
+    _local_refs(schema, refs)
+    if not refs:
+        return []
+    resource = referencing.jsonschema.DRAFT202012.create_resource(schema)
+    resolver = _OFFLINE_REFS.resolver_with_root(resource)
+    missing = []
+    for ref in dict.fromkeys(refs):
+        try:
+            resolver.lookup(ref)
+        except referencing.exceptions.Unresolvable:
+            missing.append(ref)
+    return missing
 
 
 def _top_level_defaults(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -259,7 +321,16 @@ def register_check(tool: Tool, isolation: Isolation = "thread") -> RegisteredToo
     is_async = _is_async_callable(tool.handler)
     in_process = _in_process(tool, isolation, is_async)
     defaults = _top_level_defaults(schema)
-    validator = jsonschema.Draft202012Validator(schema, format_checker=None)
+    if missing := _unresolvable_local_refs(schema):
+        # Logged, not refused: a source of many tools (an MCP server) registers them all
+        # at once, and one broken schema must not take its siblings down. Each call of
+        # this tool fails instead, naming the reference (pass 1, `_validate`).
+        log.warning(
+            "tool %r: its schema refers to %s, which it does not hold; every call of it will fail",
+            tool.name,
+            ", ".join(map(repr, missing)),
+        )
+    validator = jsonschema.Draft202012Validator(schema, format_checker=None, registry=_OFFLINE_REFS)
     if defaults and (bad := _defaults_off_schema(validator, schema, defaults)):
         message = (
             f"tool {tool.name!r}: the default of {', '.join(map(repr, bad))} fails its own schema; "

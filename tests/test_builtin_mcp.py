@@ -20,7 +20,16 @@ import anyio
 import mcp_types
 import pytest
 
-from builtin_tools.mcp import MCPServerError, MCPTools, _Connection, _content_of, _tool_for, open_mcp
+from builtin_tools.mcp import (
+    MCPServerError,
+    MCPTools,
+    _Connection,
+    _connection_closed,
+    _content_of,
+    _tool_for,
+    _unique_names,
+    open_mcp,
+)
 from dispatcher import Deny, Dispatcher, Registry, Status, ToolCall, ToolContext
 
 PROBE = str(Path(__file__).parent / "data" / "mcp_server.py")
@@ -290,6 +299,77 @@ def test_tool_names_are_made_safe_and_unusable_schemas_skipped() -> None:
         _tool_for(broken, connection, prefix=False, deferred=True, timeout=None, trust_annotations=True)
         is None
     )
+
+
+def _made(names: Sequence[str], server: str = "srv", prefix: bool = False) -> list[tuple[str, Any]]:
+    connection = _Connection(server=server)
+    made = []
+    for name in names:
+        listed = mcp_types.Tool(name=name, input_schema={"type": "object"})
+        tool = _tool_for(
+            listed, connection, prefix=prefix, deferred=True, timeout=None, trust_annotations=True
+        )
+        assert tool is not None
+        made.append((name, tool))
+    return made
+
+
+def test_names_that_collide_once_made_safe_are_made_unique(caplog: pytest.LogCaptureFixture) -> None:
+    """A name listed twice keeps its first listing; distinct names that meet once made safe
+    all stay, the one that needed no change under its own name, the others with a suffix
+    that does not depend on the listing order; one log line says so; a Registry takes them."""
+    listed = ["a b", "a_b", "dup", "dup", "x" * 130 + "1", "x" * 130 + "2"]
+    tools = _unique_names("srv", _made(listed), prefix=False)
+    names = [t.name for t in tools]
+    [line] = [r.getMessage() for r in caplog.records if r.name == "threepass.mcp"]
+    assert "dropped: 'dup'" in line and f"'a b' -> {names[0]!r}" in line
+    assert len(names) == len(set(names)) == 5
+    assert names[1] == "a_b" and names[2] == "dup" and names[0].startswith("a_b_")
+    assert all(len(n) <= 128 for n in names)
+    assert sorted(t.name for t in _unique_names("srv", _made(listed[::-1]), prefix=False)) == sorted(names)
+    assert len(Registry(list(tools))) == 5
+
+
+class _FakeDispatcher:
+    def __init__(self, closed: bool) -> None:
+        self._closed = closed
+
+
+class _FakeSession:
+    def __init__(self, closed: bool) -> None:
+        self._dispatcher = _FakeDispatcher(closed)
+
+
+class _FakeClient:
+    def __init__(self, closed: bool | None) -> None:
+        self._closed = closed
+
+    @property
+    def session(self) -> Any:
+        if self._closed is None:
+            raise RuntimeError("Client must be used within an async context manager")
+        return _FakeSession(self._closed)
+
+
+@pytest.mark.parametrize(
+    ("closed", "code", "message", "gone"),
+    [
+        (False, -32000, "rate limited, try later", False),  # the server's own error
+        (False, -32000, "Connection closed", False),  # ... whatever it says, while it is read
+        (True, -32000, "rate limited, try later", False),  # its answer, then it went
+        (True, -32000, "Connection closed", True),  # the SDK's: the connection closed
+        (True, -32603, "Connection closed", False),  # another code is never a closed connection
+        (None, -32000, "Connection closed", True),  # the client has left its block
+    ],
+)
+def test_a_closed_connection_is_told_from_a_servers_own_error_minus_32000(
+    closed: bool | None, code: int, message: str, gone: bool
+) -> None:
+    """-32000 is CONNECTION_CLOSED to the SDK and a server error to JSON-RPC: the connection
+    counts as closed only when the SDK's dispatcher says so and the error is the SDK's own."""
+    from mcp import MCPError
+
+    assert _connection_closed(_FakeClient(closed), MCPError(code=code, message=message)) is gone  # type: ignore[arg-type]
 
 
 # -- lifetime and failure ------------------------------------------------------------------

@@ -832,6 +832,42 @@ def test_validation_of_an_unwrapped_call_uses_the_inner_tool() -> None:
     assert "$['text']: 3 is not of type 'string'" in error_of(p)["error"]
 
 
+@pytest.mark.parametrize(
+    ("ref", "shown"),
+    [
+        ("urn:nothing", "urn:nothing"),
+        ("http://127.0.0.1:9/schema.json", "http://127.0.0.1:9/schema.json"),
+        ("#/$defs/nothing", "#/$defs/nothing"),
+        ("#nothing", "#nothing"),
+    ],
+)
+def test_a_schema_reference_that_cannot_be_resolved_fails_only_its_call(
+    ref: str, shown: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `$ref` that resolves nowhere is the tool's fault: `failed`, not retryable, naming the
+    tool and the reference; never fetched; the call beside it runs."""
+
+    def no_fetch(*args: Any, **kw: Any) -> Any:
+        raise AssertionError(f"pass 1 tried to fetch {args!r}")
+
+    monkeypatch.setattr("urllib.request.urlopen", no_fetch)
+    keyword = "$dynamicRef" if ref == "#nothing" else "$ref"
+    odd = Tool(
+        name="odd",
+        description="Odd.",
+        handler=done,
+        parameters={"type": "object", "properties": {"a": {keyword: ref}}},
+        concurrent=True,
+        deferred=False,
+    )
+    plan = run_pass1(make_planner(make_registry(odd)), [tc("odd", {"a": 1}), tc("echo", {"text": "t"}, "c2")])
+    broken, sibling = plan.calls
+    assert broken.outcome is not None and broken.outcome.status is Status.failed
+    assert broken.outcome.retryable is False
+    assert f"the schema of odd refers to {shown!r}, which cannot be resolved" in error_of(broken)["error"]
+    assert sibling.runs
+
+
 def test_invalid_arguments_are_not_gated() -> None:
     """A call that fails validation is not offered to the gate."""
     planner = make_planner()

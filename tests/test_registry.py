@@ -280,3 +280,41 @@ def test_each_dispatcher_has_a_core_registry_of_its_own() -> None:
     assert "find_tools" not in first.core_registry.names()
     assert "find_tools" in second.core_registry.names() and "run_tool" in second.core_registry.names()
     assert "find_tools" in Dispatcher(Registry()).core_registry.names()
+
+
+@pytest.mark.parametrize(
+    ("schema", "missing"),
+    [
+        ({"type": "object", "properties": {"a": {"$ref": "#/$defs/nothing"}}}, "'#/$defs/nothing'"),
+        ({"type": "object", "properties": {"a": {"allOf": [{"$dynamicRef": "#gone"}]}}}, "'#gone'"),
+    ],
+)
+def test_a_local_reference_that_points_nowhere_is_logged_at_registration(
+    schema: dict[str, Any], missing: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A schema whose `#...` reference points nowhere in it registers (its calls fail, not its
+    neighbours' registration), with a warning naming the tool and the reference."""
+    reg = Registry([make_tool("odd", parameters=schema), make_tool("fine")])
+    assert reg.names() == ["odd", "fine"]
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "threepass.registry"]
+    assert "'odd'" in warning and missing in warning
+
+
+def test_local_references_that_resolve_and_data_named_ref_are_not_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """References that resolve (a pointer, an anchor, the root), a property named `$ref` and a
+    remote reference (judged only at call time, never fetched) log nothing."""
+    schema = {
+        "type": "object",
+        "$defs": {"s": {"type": "string", "$anchor": "str"}},
+        "properties": {
+            "a": {"$ref": "#/$defs/s"},
+            "b": {"$ref": "#str"},
+            "c": {"items": {"$ref": "#"}},
+            "$ref": {"type": "string"},
+            "d": {"$ref": "urn:elsewhere"},
+        },
+    }
+    Registry([make_tool("refs", parameters=schema)])
+    assert [r for r in caplog.records if r.name == "threepass.registry"] == []
