@@ -31,7 +31,8 @@ What `redact_arguments` replaces, at any depth
       `{"X-Api-Key": ...}`, `[["Cookie", ...]]` pairs); a mapping or list under such a
       key has every text and number inside replaced;
     - in `params`, the values of credential parameters;
-    - in `url`, `uri` and `href`, and in any other text that is a URL (`scheme://...`):
+    - in `url`, `uri` and `href`, and in any other text that is a URL (`scheme://...`,
+      whitespace before it or not, kept):
       the values of credential query parameters, the password of its user info, and a
       user name that stands alone (`https://<token>@host`); every other byte of the URL
       is kept as written (tabs and line breaks, which URL parsing drops, are dropped);
@@ -40,7 +41,8 @@ What `redact_arguments` replaces, at any depth
       carries credentials is replaced whole (the rule cannot see names in it), and in
       the body of one that carries none, JSON that does not parse is read as below;
     - any other text that holds a JSON object or array (a config file's content, a
-      query) is read as what it holds, field by field, and written anew if that changes.
+      query) is read as what it holds, field by field, and written anew if that changes
+      (the JSON whitespace around it kept as it was).
     Booleans and nulls are kept (they hide nothing), and so are empty texts. A number
     under a credential's name becomes a marker too: its secret outweighs a replay that
     then fails the tool's `integer` schema. `code` is a credential only as a query
@@ -113,6 +115,7 @@ _URL_START: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _FORM: Final = re.compile(r"[^=&\s]+=[^&\s]*(?:&[^=&\s]+=[^&\s]*)*")
 _MARKER: Final = re.compile(r"redacted\.len-[0-9]+\.xxh3-[0-9a-f]{16}")
 _URL_DROPPED: Final = re.compile(r"[\t\r\n]")
+_JSON_SPACE: Final = " \t\r\n"  # what json reads around a value
 _URL_KEYS: Final = ("url", "uri", "href")
 _CARRIER_KEYS: Final = frozenset({"headers", "params", *_URL_KEYS})  # what `carries_credentials` reads
 
@@ -299,24 +302,37 @@ class _Redactor:
         if isinstance(value, list | tuple):
             return [self.walk(v) for v in value]
         if isinstance(value, str):
-            if _URL_START.match(value):
-                return self.url(value)
-            if value[:1] in ("{", "[") and may_hold_credentials(value):
+            # space before a URL or JSON (a config file's first line break, say) is kept
+            start = len(value) - len(value.lstrip())
+            if _URL_START.match(value, start):
+                return value[:start] + self.url(value[start:])
+            start = len(value) - len(value.lstrip(_JSON_SPACE))
+            if value[start : start + 1] in ("{", "[") and may_hold_credentials(value):
                 # a text argument that holds JSON (a config file's content, a query): read
                 # as what it holds, as a `body` is; else a text like any other
                 redacted = self.json_in(value)
                 return value if redacted is None else redacted
+            if "@" in value and "://" in value:
+                # URLs inside a longer text (`git clone https://user:pass@host/...`): each
+                # redacted in place, as in arguments that do not parse
+                return _URL_IN_TEXT.sub(lambda found: self.url(found.group(0)), value)
         return value
 
     def json_in(self, text: str) -> str | None:
-        """`text` redacted as the JSON object or array it holds, or None if it holds none."""
+        """`text` redacted as the JSON object or array it holds, or None if it holds none;
+        the JSON whitespace around it is kept as it was."""
         try:
             parsed, repeated = _loads_noting_repeats(text)
         except (ValueError, RecursionError):
             return None
         if not isinstance(parsed, dict | list):
             return None
-        return _written(text, parsed, self.walk(parsed), repeated)
+        written = _written(text, parsed, self.walk(parsed), repeated)
+        if written is text:
+            return text
+        inner = text.strip(_JSON_SPACE)
+        lead = text[: len(text) - len(text.lstrip(_JSON_SPACE))]
+        return lead + written + text[len(lead) + len(inner) :]
 
     def mapping(self, args: Mapping[Any, Any]) -> dict[Any, Any]:
         out: dict[Any, Any] = {}

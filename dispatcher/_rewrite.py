@@ -1,7 +1,8 @@
 """Step 3 of pass 1, the rewriters (symfonic's contract, `seeds/symfonic-guide13-...`).
 
 A chain in registration order: None passes the call on, `{"tool_name", "args"}` rewrites
-it; a malformed return or a raise is dropped with a logged warning; a target outside the
+it; a malformed return or a raise is dropped with a logged warning (which names a return's
+type and keys, never its values: they may hold a credential); a target outside the
 palette drops the rewrite; `call_id` never changes. The session awaits this between
 `Planner.parse` and `Planner.lookups`; the planner applies each accepted rewrite.
 """
@@ -21,6 +22,19 @@ from ._types import ToolCallDispatchEvent
 __all__ = ["rewrite"]
 
 log = logging.getLogger("threepass.session")
+
+
+def _shape(value: object) -> str:
+    """What a rewriter returned, told without its values: they may hold a credential it
+    injected in a form the credential rule cannot read (`[("api_key", ...)]` is no
+    mapping), and a log is kept at rest. Its type, and a mapping's keys."""
+    if isinstance(value, Mapping):
+        try:
+            keys = [shown(key, 40) for key in list(value)[:10]]
+        except Exception:  # a mapping that cannot be walked: its type says enough
+            return f"a {type(value).__name__}"
+        return f"a {type(value).__name__} with keys {', '.join(keys) or '(none)'}"
+    return f"a {type(value).__name__}"
 
 
 async def rewrite(
@@ -61,14 +75,16 @@ async def rewrite(
                 continue
             if not isinstance(ret, Mapping) or "tool_name" not in ret or "args" not in ret:
                 log.warning(
-                    "rewriter %s returned %s, not {'tool_name', 'args'}; dropped", shown(fn), shown(ret)
+                    "rewriter %s returned %s, not {'tool_name', 'args'}; dropped", shown(fn), _shape(ret)
                 )
                 continue
             if not isinstance(ret["tool_name"], str) or not isinstance(ret["args"], Mapping):
                 log.warning(
-                    "rewriter %s returned tool_name/args of the wrong types: %s; dropped",
+                    "rewriter %s returned tool_name/args of the wrong types: %s and %s, not text "
+                    "and a mapping; dropped",
                     shown(fn),
-                    shown(ret),
+                    type(ret["tool_name"]).__name__,
+                    type(ret["args"]).__name__,
                 )
                 continue
             if "call_id" in ret:

@@ -7,6 +7,13 @@ started), the history (as bounded as the session bounds it), the JSON values of
 `session.state`, and the recording's chain position. JSON via orjson, with a format
 number; `version` counts the saves, so a worker knows whether what it holds is older.
 
+No secret is kept in clear, as none is recorded (`_credentials` says what counts as one):
+the history's arguments are redacted as a recording redacts a call's; a history row's
+result has the secrets of its batch's calls replaced by their markers, and a result of
+the dedupe map or of a cut batch those of the newest run's kept rows (a cut batch's own
+calls are in no row: a secret only they carry is not known here). A session restored
+from a snapshot holds those redacted forms, as a replayed recording does.
+
 Nothing here touches a store, the event loop, the disk or the clock.
 """
 
@@ -22,6 +29,7 @@ from typing import Any
 import attrs
 import orjson
 
+from ._credentials import redact_collecting, redact_json_text, redact_text
 from ._history import History
 from ._plan import DedupeEntry, FinishedCall
 from ._results import shown
@@ -72,6 +80,9 @@ class HistoryState:
     deduped: int = 0
     cached: int = 0
     by_status: Mapping[str, int] = attrs.field(factory=dict)
+    secrets: frozenset[str] = attrs.field(default=frozenset(), eq=False, repr=False)
+    """What the arguments of the newest run's rows hid (`RowCache` knows it of rows it
+    encoded): cleared from the other results a snapshot keeps. Never encoded."""
 
 
 @attrs.frozen
@@ -119,6 +130,9 @@ class RowCache:
     def __init__(self) -> None:
         self._rows: collections.deque[orjson.Fragment] = collections.deque()
         self._calls = -1  # `History.calls` when the rows were last brought up to date
+        self._run = -1  # the run of the newest row encoded
+        self.secrets: set[str] = set()
+        """What the arguments of that run's rows hid (a run's dedupe map holds its results)."""
 
     def forget(self) -> None:
         """The History was replaced wholesale (restored): encode every row again."""
@@ -132,9 +146,52 @@ class RowCache:
             new = len(kept)
         if new:
             fresh = list(kept)[-new:] if new < len(kept) else list(kept)
-            self._rows.extend(_encoded_row(row) for row in fresh)
+            for row, found in _redacted_rows(fresh):
+                if row[0] != self._run:
+                    self._run, self.secrets = row[0], set()
+                self.secrets.update(found)
+                self._rows.append(_encoded_row(row))
         self._calls = history.calls
         return tuple(self._rows)
+
+
+def _redacted_arguments(args: Any) -> tuple[Any, frozenset[str]]:
+    """A row's arguments as a recording writes a call's (`Recorder`): JSON text rewritten
+    only when it holds a credential, a mapping redacted, anything else as it is; and the
+    secrets they hid."""
+    if isinstance(args, str):
+        return redact_json_text(args)
+    if not isinstance(args, Mapping):
+        return args, frozenset()
+    try:
+        return redact_collecting(args)
+    except Exception:  # keys or values the redactor cannot read: as a recording keeps them
+        return args, frozenset()
+
+
+def _redacted_result(result: ToolResult, secrets: Iterable[str]) -> ToolResult:
+    """`result` with each secret its content echoes replaced by its marker (`redact_text`)."""
+    content = redact_text(result.content, secrets)
+    return result if content == result.content else attrs.evolve(result, content=content)
+
+
+def _redacted_rows(rows: Iterable[_Row]) -> list[tuple[_Row, frozenset[str]]]:
+    """Each row with its arguments redacted and its result cleared of the secrets of its
+    batch (its run and round), as a recording clears a batch's results of every secret its
+    calls hide; with the secrets its own arguments hid."""
+    redacted: list[tuple[_Row, frozenset[str]]] = []
+    by_batch: dict[tuple[int, int], set[str]] = {}
+    for row in rows:
+        args, found = _redacted_arguments(row[5])
+        if found:
+            by_batch.setdefault((row[0], row[1]), set()).update(found)
+        redacted.append(((*row[:5], args, row[6]), found))
+    if not by_batch:
+        return redacted
+    return [
+        ((*row[:6], _redacted_result(row[6], by_batch.get((row[0], row[1]), ()))), found)
+        for row, found in redacted
+    ]
 
 
 def _encoded_row(row: _Row) -> orjson.Fragment:
@@ -149,13 +206,11 @@ def _encoded_row(row: _Row) -> orjson.Fragment:
 
 def history_state(history: History, cache: RowCache | None = None) -> HistoryState:
     """What a snapshot keeps of `history` (the rows it holds: as many as its limit allows),
-    encoded through `cache` if given."""
+    encoded (and redacted) through `cache` if given, else when the snapshot is."""
+    rows = tuple(history._rows) if cache is None else cache.rows(history)
+    secrets = frozenset() if cache is None else frozenset(cache.secrets)  # known once `rows` ran
     return HistoryState(
-        tuple(history._rows) if cache is None else cache.rows(history),
-        history.calls,
-        history.deduped,
-        history.cached,
-        dict(history.by_status),
+        rows, history.calls, history.deduped, history.cached, dict(history.by_status), secrets
     )
 
 
@@ -186,10 +241,38 @@ def _plain(value: Any) -> Any:
     return shown(value, 10_000)
 
 
+def _redacted_history(h: HistoryState) -> tuple[list[orjson.Fragment], set[str]]:
+    """`h`'s rows encoded, those not encoded yet redacted first (`_redacted_rows`), and the
+    secrets of its newest run's rows: the ones `RowCache` kept, and those found here."""
+    secrets = set(h.secrets)
+    plain = [row for row in h.rows if not isinstance(row, orjson.Fragment)]
+    if not plain:
+        return [row for row in h.rows if isinstance(row, orjson.Fragment)], secrets
+    redacted = iter(_redacted_rows(plain))
+    newest_run = plain[-1][0]
+    rows: list[orjson.Fragment] = []
+    for row in h.rows:
+        if isinstance(row, orjson.Fragment):
+            rows.append(row)
+            continue
+        clean, found = next(redacted)
+        if clean[0] == newest_run:
+            secrets.update(found)
+        rows.append(_encoded_row(clean))
+    return rows, secrets
+
+
+def _result_json(result: ToolResult, secrets: Iterable[str]) -> dict[str, Any]:
+    recorded = result.to_json()
+    recorded["content"] = redact_text(result.content, secrets)
+    return recorded
+
+
 def encode_snapshot(snapshot: SessionSnapshot) -> bytes:
-    """The snapshot as one JSON document."""
+    """The snapshot as one JSON document, its credentials redacted (the module says how)."""
     h = snapshot.history
     chain = snapshot.chain
+    rows, secrets = _redacted_history(h)
     document = {
         "format": SNAPSHOT_FORMAT,
         "version": snapshot.version,
@@ -201,15 +284,15 @@ def encode_snapshot(snapshot: SessionSnapshot) -> bytes:
         "mode": snapshot.mode,
         "core": list(snapshot.core),
         "loaded": sorted(snapshot.loaded),
-        "dedupe": [[key, e.result.to_json(), sorted(e.reads)] for key, e in snapshot.dedupe],
+        "dedupe": [[key, _result_json(e.result, secrets), sorted(e.reads)] for key, e in snapshot.dedupe],
         "spent": sorted(snapshot.spent_approvals),
-        "finished": [[call_id, f.key, f.result.to_json()] for call_id, f in snapshot.finished],
+        "finished": [[call_id, f.key, _result_json(f.result, secrets)] for call_id, f in snapshot.finished],
         "history": {
             "calls": h.calls,
             "deduped": h.deduped,
             "cached": h.cached,
             "by_status": dict(h.by_status),
-            "rows": [row if isinstance(row, orjson.Fragment) else _encoded_row(row) for row in h.rows],
+            "rows": rows,
         },
         "state": dict(snapshot.state),
         "chain": None if chain is None else {"seq": chain.seq, "prev": chain.prev, "run": chain.run},

@@ -220,6 +220,21 @@ def test_bodies_are_redacted_by_field_or_whole() -> None:
     assert redact_arguments(nested) == {"body": {"client": {"secret": MARK}}}
 
 
+@pytest.mark.parametrize(
+    ("value", "redacted"),
+    [
+        ("\n" + json.dumps({"password": SECRET}) + "\n", "\n" + json.dumps({"password": MARK}) + "\n"),
+        ("\t\r [" + json.dumps({"api_key": SECRET}) + "] ", "\t\r [" + json.dumps({"api_key": MARK}) + "] "),
+        (" https://bob:" + SECRET + "@h.example/", " https://bob:" + MARK + "@h.example/"),
+        ("\n\thttps://h.example/?token=" + SECRET, "\n\thttps://h.example/?token=" + MARK),
+    ],
+)
+def test_json_or_a_url_after_whitespace_is_redacted_keeping_the_whitespace(value: str, redacted: str) -> None:
+    """A text holding JSON or a URL after whitespace is redacted as one; its whitespace stays."""
+    assert redact_arguments({"content": value}) == {"content": redacted}
+    assert redact_arguments({"content": redacted}) == {"content": redacted}
+
+
 def test_redaction_leaves_the_arguments_alone() -> None:
     """`redact_arguments` returns a copy: the caller's arguments are not changed."""
     args = {"headers": {"Authorization": SECRET}, "url": "https://e.com/?token=abc"}

@@ -398,6 +398,29 @@ async def test_the_encoded_rows_a_session_keeps_between_saves_match_a_fresh_enco
     assert [row[3] for row in cached.history.rows] == ["c3b", "c4a", "c4b"]
 
 
+async def test_a_snapshot_holds_no_credential_and_restores_its_redacted_forms() -> None:
+    """History arguments, and every result that echoes them (history, dedupe map), are kept
+    redacted as a recording keeps them, whether the rows are encoded at once or between saves."""
+    from dispatcher import Dispatcher, Registry, Tool, ToolCall
+    from dispatcher._credentials import redact
+
+    secret = "sk-live-snapshot-0123456789"
+    reg = Registry([Tool("echo", "Echo.", lambda a, c: f"sent {a}", {"type": "object"}, deferred=False)])
+    s = Dispatcher(reg, session_store=MemorySessionStore()).session("s1")
+    auth = {"headers": {"Authorization": f"Bearer {secret}"}}
+    [result] = await s.dispatch([ToolCall("c1", "echo", auth)])
+    assert secret in result.content  # the caller sees it: only what is kept must not
+    cached = encode_snapshot(s._snapshot(9))
+    whole = encode_snapshot(attrs.evolve(s._snapshot(9), history=history_state(s.history)))
+    for data in (cached, whole):
+        assert secret.encode() not in data
+        restored = decode_snapshot(data)
+        [row] = restored.history.rows
+        assert isinstance(row, tuple) and redact(f"Bearer {secret}") in str(row[5])
+        assert secret not in row[6].content and redact(f"Bearer {secret}") in row[6].content
+        assert [secret not in entry.result.content for _, entry in restored.dedupe] == [True]
+
+
 def test_a_worker_up_to_date_reads_only_the_head_of_a_snapshot() -> None:
     """decode_newer gives None for a version not above the one held, whatever follows the
     head; a newer one is decoded whole (and junk after its head raises)."""
