@@ -185,20 +185,22 @@ async def test_a_folder_swapped_for_a_link_after_the_check_shows_only_what_the_s
     seen: list[str] = []
     thread = threading.Thread(target=swap, daemon=True)
     thread.start()
+    won = 0  # commands checked while `d` was a folder that ran while it was the link
     try:
-        deadline = time.monotonic() + 4
-        while time.monotonic() < deadline:
+        # a second at least, and on until the race has been won a few times (about one
+        # try in seven wins it here), however slowly a busy machine runs the tries
+        start = time.monotonic()
+        while (won < 3 or time.monotonic() < start + 1) and time.monotonic() < start + 20:
             # trailing blanks: the same argv, but no result served from the cache
             command = f"cat d/{name}" + " " * len(seen)
             with anyio.fail_after(30):
                 seen.append((await dispatcher.invoke("run_command", {"command": command})).content)
+            won += "exit code" in seen[-1] and raced in seen[-1]  # run unasked, through the link
     finally:
         stop.set()
         thread.join(timeout=5)
     assert not any("OUTSIDE-SECRET" in content or "sk-live-attack" in content for content in seen)
-    # the race was won: commands checked while `d` was a folder ran while it was the link
-    ran = [content for content in seen if "exit code" in content]  # not refused by the gate
-    assert any(raced in content for content in ran), seen[:3]
+    assert won >= 3, seen[:3]
 
 
 # -- (a), (d) git run unconfirmed, steered by a repository's own config ------------------------
