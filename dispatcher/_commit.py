@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Mapping
 
 import attrs
 
+from ._credentials import echoes_credentials
 from ._errors import MAX_ERRORS_PER_BATCH, FailureNotes, note_failure
 from ._history import History
 from ._plan import DedupeEntry, FinishedCall, Plan, PlannedCall, PlannerState, _served_again
@@ -146,7 +147,9 @@ def commit(
             remember[key] = _entry((result, reads))
         if ran and cache_key is not None and has_cache and tool is not None:
             policy = tool.tool.cache
-            if policy is not None:
+            # a result that shows a credential of its call is not kept at rest (a recording
+            # holds its marker instead): it is returned, and runs again next time
+            if policy is not None and not echoes_credentials(args, result.content):
                 if cache_writes is None:
                     cache_writes = []
                 cache_writes.append(CacheWrite(cache_key, result.content, policy.ttl, reads))

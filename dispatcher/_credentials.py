@@ -83,6 +83,7 @@ import xxhash
 __all__ = [
     "MIN_ECHO_LENGTH",
     "carries_credentials",
+    "echoes_credentials",
     "credential_values",
     "is_credential_name",
     "is_credential_parameter",
@@ -260,6 +261,35 @@ def carries_credentials(args: Mapping[str, Any]) -> bool:
         and isinstance(params, Mapping)
         and any(is_credential_parameter(str(k)) for k in params)
     )
+
+
+def echoes_credentials(args: Any, text: str) -> bool:
+    """Whether `text` (a result's) holds a credential of `args` given under a name that
+    says so, at any depth (`api_key`, `Authorization` as a plain argument: not a header,
+    query or params, which keep a call out of the result cache whatever it returns).
+    The common call, which names none, costs a cached lookup a name."""
+    if not _names_a_credential(args):
+        return False
+    _, secrets = redact_collecting(args)
+    return any(secret in text for secret in secrets if len(secret) >= MIN_ECHO_LENGTH)
+
+
+def _names_a_credential(value: Any, depth: int = 0) -> bool:
+    """Whether a mapping in `value` (`value` itself, or one inside it) has a key that names a
+    credential (`is_credential_name`, cached)."""
+    if depth > _MAX_NAME_DEPTH:
+        return True  # deeper than arguments go: assume the worst
+    if isinstance(value, Mapping):
+        return any(
+            is_credential_name(str(name)) or _names_a_credential(inner, depth + 1)
+            for name, inner in value.items()
+        )
+    if isinstance(value, list | tuple):
+        return any(_names_a_credential(inner, depth + 1) for inner in value)
+    return False
+
+
+_MAX_NAME_DEPTH = 64
 
 
 class _Redactor:

@@ -226,13 +226,6 @@ def test_chat_history_does_not_carry_an_echoed_secret_into_the_recording(tmp_pat
     assert SECRET.encode() not in (tmp_path / "rest" / "rec.jsonl").read_bytes()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: a credential given as a plain argument (not a header, query or params) is "
-    "redacted in recordings, but a result that echoes it may be cached (the cache's rule is "
-    "narrower by choice, tests/test_credentials.py); keeping such echoes out needs the call's "
-    "secrets at commit",
-)
 @pytest.mark.parametrize(
     "arguments",
     [

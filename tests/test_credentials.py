@@ -22,6 +22,7 @@ from dispatcher import Dispatcher, Registry, Status, Tool, ToolCall, _credential
 from dispatcher._credentials import (
     carries_credentials,
     credential_values,
+    echoes_credentials,
     is_credential_name,
     is_credential_parameter,
     is_marker,
@@ -507,3 +508,22 @@ async def test_an_unreadable_call_is_quoted_redacted_and_replays(
     assert all(v not in result.content + kept for v in item.values() if isinstance(v, str))
     report = await replay(path, Dispatcher(registry))
     assert report.ok, report
+
+
+@pytest.mark.parametrize(
+    ("args", "text", "echoes"),
+    [
+        ({"api_key": "sk-abcdef123"}, "the key sk-abcdef123 works", True),
+        ({"api_key": "sk-abcdef123"}, "42 degrees", False),  # cached as before: nothing shown
+        ({"config": {"Authorization": "Bearer tok-987654"}}, "sent Bearer tok-987654", True),
+        ({"items": [{"password": "hunter2-long"}]}, "hunter2-long", True),
+        ({"text": "sk-abcdef123"}, "sk-abcdef123", False),  # no name says it is one
+        ({"api_key": "abc"}, "abc", False),  # shorter than an echo is looked for
+    ],
+)
+def test_a_result_echoing_a_credential_named_as_an_argument_is_told(
+    args: dict[str, Any], text: str, echoes: bool
+) -> None:
+    """A result that shows a credential its call gave under a credential's name is told
+    apart (kept out of the result cache); one that shows none is not."""
+    assert echoes_credentials(args, text) is echoes
