@@ -82,15 +82,14 @@ def tool_calls_of(batch: Any) -> list[Any]:
 def _calls_among(items: Iterable[Any]) -> list[Any]:
     calls: list[Any] = []
     for item in items:
-        if type(item) is not ToolCall and not isinstance(item, Mapping) and hasattr(item, "model_dump"):
-            item = plain(item)  # an SDK object: pass 1 and the recording read it as a dict
-        if isinstance(item, Mapping):
-            kind = item.get("type")
-        else:
-            try:
-                kind = getattr(item, "type", None)
-            except Exception:
-                kind = None
+        try:
+            if type(item) is not ToolCall and not isinstance(item, Mapping) and hasattr(item, "model_dump"):
+                item = plain(item)  # an SDK object: pass 1 and the recording read it as a dict
+            kind = item.get("type") if isinstance(item, Mapping) else getattr(item, "type", None)
+        except Exception:
+            # an item that cannot be looked at (its attributes or keys raise) is a call pass
+            # 1 cannot read: kept, so that it gets its own result and its siblings theirs
+            kind = None
         if isinstance(kind, str) and kind in NOT_CALLS:
             continue
         calls.append(item)
@@ -114,8 +113,9 @@ def _items_of_message(message: Any) -> Iterable[Any]:
     if has_role and role not in (None, "assistant"):
         raise TypeError(f"dispatch takes an assistant message, got a {role!r} message: {message!r}")
     has_calls, calls = _field(message, "tool_calls")  # OpenAI chat
-    if has_calls:
-        return calls or ()
+    if has_calls and calls:
+        found: Iterable[Any] = calls
+        return found  # (an empty list says nothing: its content may still hold calls)
     for name in ("output", "content"):  # a Responses response; an Anthropic message
         _, items = _field(message, name)
         if isinstance(items, list | tuple):

@@ -418,7 +418,7 @@ def _unreadable(item: Any, exc: Exception) -> str:
                 ToolCall.parse(redacted)
             except (TypeError, ValueError) as again:
                 return str(again)
-    return str(exc)
+    return str(exc) if isinstance(exc, TypeError | ValueError) else f"reading it raised {describe(exc)}"
 
 
 def _clean_name(name: str) -> str:
@@ -601,12 +601,17 @@ class Planner:
         fn = item.get("function") if type(item) is dict else None
         if type(fn) is dict:
             # the OpenAI chat shape, read directly: the common case needs no ToolCall
-            call_id, name, raw = str(item.get("id", "")), str(fn.get("name", "")), fn.get("arguments") or {}
+            raw_id = item.get("id")
+            call_id = "" if raw_id is None else str(raw_id)  # as ToolCall.parse reads it
+            name, raw = str(fn.get("name", "")), fn.get("arguments") or {}
         else:
             try:
                 call = ToolCall.parse(item)
-            except (TypeError, ValueError) as exc:
-                call_id = call_id_of(item) or f"call_{index}"
+            except Exception as exc:  # not a call, or one whose keys or attributes raise
+                try:
+                    call_id = call_id_of(item) or f"call_{index}"
+                except Exception:
+                    call_id = f"call_{index}"
                 d = Draft(index=index, call_id=call_id, name="", args=None)
                 self._fail(d, Status.invalid_arguments, f"unreadable tool call: {_unreadable(item, exc)}")
                 return d

@@ -108,6 +108,7 @@ from ._types import (
     ToolCall,
     ToolContext,
     ToolResult,
+    id_text,
     new_result,
 )
 
@@ -313,7 +314,7 @@ def _call_json(
         fn = item["function"]
         clean = clean or not may_hold_credentials(raw_args)
         arguments_text = raw_args if clean else _redacted(raw_args, secrets)
-        return {"id": str(item.get("id", "")), "name": str(fn.get("name", "")), "arguments": arguments_text}
+        return {"id": id_text(item.get("id")), "name": str(fn.get("name", "")), "arguments": arguments_text}
     try:
         call = ToolCall.parse(item)
     except (TypeError, ValueError):
@@ -713,7 +714,7 @@ def _copied_calls(calls: Sequence[Any], decisions: Mapping[str, Any]) -> list[An
         for item in calls:
             if (raw := _openai_arguments(item)) is not None:
                 name = str(item["function"].get("name", ""))
-                copied.append({"id": str(item.get("id", "")), "function": {"name": name, "arguments": raw}})
+                copied.append({"id": id_text(item.get("id")), "function": {"name": name, "arguments": raw}})
             elif type(item) is ToolCall and type(item.arguments) is str:
                 copied.append(item)  # frozen, and its arguments text
             else:

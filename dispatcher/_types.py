@@ -35,6 +35,7 @@ __all__ = [
     "ToolResult",
     "ToolResultEvent",
     "call_id_of",
+    "id_text",
     "plain",
     "provider_named",
 ]
@@ -102,6 +103,12 @@ def plain(item: Any) -> Any:
     return fields or item
 
 
+def id_text(value: Any) -> str:
+    """A call's id as text: a missing one (None, as an SDK object made without one holds)
+    is empty, never the word "None"."""
+    return "" if value is None else str(value)
+
+
 def call_id_of(item: Any) -> str | None:
     """The call id an item carries, read even when the rest of it is unreadable (a
     Responses item's `call_id` before its item `id`); None when it has none."""
@@ -156,27 +163,30 @@ class ToolCall:
         if "function" in item and isinstance(item["function"], Mapping):  # OpenAI chat
             fn = item["function"]
             return cls(
-                id=str(item.get("id", "")),
+                id=id_text(item.get("id")),
                 name=str(fn.get("name", "")),
                 arguments=fn.get("arguments") or {},
             )
         if kind == "tool_use":  # Anthropic
             return cls(
-                id=str(item.get("id", "")),
+                id=id_text(item.get("id")),
                 name=str(item.get("name", "")),
                 arguments=item.get("input") or {},
             )
         if kind == "function_call":  # OpenAI Responses
             return cls(
-                id=str(item.get("call_id") or item.get("id", "")),
+                id=id_text(item.get("call_id") or item.get("id")),
                 name=str(item.get("name", "")),
                 arguments=item.get("arguments") or {},
             )
         if "name" in item and "id" in item:  # already our own shape, as a dict
+            # LangChain's tool call holds them under `args`, an Anthropic block that lost its
+            # `type` under `input`: read there rather than run the call with none
+            held = next((key for key in ("arguments", "args", "input") if key in item), "arguments")
             return cls(
-                id=str(item["id"]),
+                id=id_text(item["id"]),
                 name=str(item["name"]),
-                arguments=item.get("arguments") or {},
+                arguments=item.get(held) or {},
             )
         raise ValueError(f"not a tool call in any known provider shape: {dict(item)!r}")
 
