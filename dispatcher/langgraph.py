@@ -172,12 +172,23 @@ async def _approved(
     """`dispatch` until no gate interrupts: each interrupt goes to LangGraph's `interrupt()`,
     whose resume value (when the node runs again) adds to the decisions."""
     decisions: dict[str, Any] = {}
+    problem: str | None = None  # what was wrong with the last resume value, asked again
     while True:
         try:
             return await dispatch(decisions or None)
         except DispatchInterrupted as exc:
-            answer = interrupt(_approval_request(session, exc))
-            decisions.update(decisions_from(answer, [call.id for call, _, _ in exc.pending]))
+            request = _approval_request(session, exc)
+            if problem is not None:
+                request["problem"] = problem
+            answer = interrupt(request)
+            try:
+                decisions.update(decisions_from(answer, [call.id for call, _, _ in exc.pending]))
+                problem = None
+            except ValueError as bad:
+                # LangGraph keeps a resume value for its interrupt: raising here would meet
+                # the same value on every later resume, and the thread would never move on.
+                # The same calls are asked about again, with what was wrong, instead.
+                problem = str(bad)
 
 
 def _approval_request(session: Session, exc: DispatchInterrupted) -> dict[str, Any]:
@@ -250,8 +261,15 @@ def _tool_message(result: ToolResult) -> ToolMessage:
     )
 
 
-def _calls_of(ai: AIMessage) -> list[ToolCall]:
-    calls = [ToolCall(str(tc.get("id") or ""), tc["name"], tc.get("args") or {}) for tc in ai.tool_calls]
+def _calls_of(ai: AIMessage) -> list[Any]:
+    """The calls of `ai` for the kernel: each tool call as a ToolCall, and one that is not a
+    mapping (an edit, a broken model output) as it is, for pass 1 to answer as unreadable."""
+    calls: list[Any] = [
+        ToolCall(str(tc.get("id") or ""), str(tc.get("name") or ""), tc.get("args") or {})
+        if isinstance(tc, Mapping)
+        else tc
+        for tc in ai.tool_calls
+    ]
     for bad in ai.invalid_tool_calls:
         calls.append(ToolCall(str(bad.get("id") or ""), str(bad.get("name") or ""), bad.get("args") or ""))
     return calls
