@@ -134,7 +134,9 @@ async def test_a_character_cut_between_reads_is_shown_whole(ws: Path) -> None:
         await _bg(s, command=f"{halves}; sleep 30")
         first = await _until(s, "bg1", "p2 ")
         assert "\ufffd" not in first
-        assert "\u20ac q7" in await _until(s, "bg1", "q7")
+        # a busy machine may read first only after the 0.4 s, both halves in one read
+        both = first if "q7" in first else first + await _until(s, "bg1", "q7")
+        assert "\u20ac q7" in both
         await _bg(s, action="stop", id="bg1")
 
 
