@@ -91,6 +91,7 @@ __all__ = [
     "may_hold_credentials",
     "redact",
     "redact_arguments",
+    "redact_call_arguments",
     "redact_collecting",
     "redact_json_text",
     "redact_text",
@@ -690,6 +691,21 @@ def redact_collecting(args: Mapping[str, Any]) -> tuple[dict[str, Any], frozense
     walker = _Redactor()
     redacted = walker.mapping(args)
     return redacted, frozenset(walker.secrets)
+
+
+def redact_call_arguments(arguments: Any) -> tuple[Any, frozenset[str]]:
+    """A call's arguments as a recording (and a session snapshot) keeps them, and the
+    secrets they hid: JSON text stays text, rewritten only when it holds a credential; a
+    mapping is redacted (one the redactor cannot read is kept as a plain copy); anything
+    else is left as it is."""
+    if isinstance(arguments, str):
+        return redact_json_text(arguments)
+    if not isinstance(arguments, Mapping):
+        return arguments, frozenset()
+    try:
+        return redact_collecting(arguments)
+    except Exception:  # keys or values the redactor cannot read: the mapping as it came
+        return dict(arguments), frozenset()
 
 
 def credential_values(args: Mapping[str, Any]) -> frozenset[str]:

@@ -88,15 +88,15 @@ from . import _backend
 from ._credentials import (
     MIN_ECHO_LENGTH,
     may_hold_credentials,
+    redact_call_arguments,
     redact_collecting,
-    redact_json_text,
     redact_text,
 )
 from ._exceptions import DispatchInterrupted, HookBlocked
 from ._history import DEFAULT_HISTORY_LIMIT
 from ._plan import FIND_TOOLS, STOPPED_KEY, FinishedCall, Plan, PlannedCall, call_key, canonical_json
 from ._registry import Registry
-from ._results import normalize_output
+from ._results import normalize_output, redacted_json
 from ._session import Session
 from ._types import (
     Allow,
@@ -270,19 +270,9 @@ def _from_json_safe(value: Any) -> Any:
 
 
 def _redacted(arguments: Any, secrets: set[str]) -> Any:
-    """`arguments` with their credentials replaced by markers; the secrets go to `secrets`.
-    Arguments given as JSON text stay text (rewritten only when they hold a credential);
-    arguments that are neither text nor a mapping are left for `_json_safe`."""
-    if isinstance(arguments, str):
-        text, found = redact_json_text(arguments)
-        secrets.update(found)
-        return text
-    if not isinstance(arguments, Mapping):
-        return arguments
-    try:
-        redacted, found = redact_collecting(arguments)
-    except Exception:  # keys or values the redactor cannot read: the mapping as pass 1 got it
-        return dict(arguments)
+    """`arguments` with their credentials replaced by markers (`redact_call_arguments`);
+    the secrets go to `secrets`."""
+    redacted, found = redact_call_arguments(arguments)
     secrets.update(found)
     return redacted
 
@@ -632,12 +622,6 @@ def _encoded(rows: list[Any]) -> orjson.Fragment | None:
         return orjson.Fragment(orjson.dumps(rows, default=str, option=_ORJSON_OPTIONS))
     except TypeError:  # orjson.JSONEncodeError is one
         return None
-
-
-def _result_json(result: ToolResult, secrets: set[str]) -> dict[str, Any]:
-    recorded = result.to_json()
-    recorded["content"] = redact_text(result.content, secrets)
-    return recorded
 
 
 def _how(planned: PlannedCall, result: ToolResult | None) -> str:
@@ -1597,7 +1581,7 @@ class Recorder:
             "calls": recorded_calls,
             "decisions": recorded_decisions,
             "plan": plan_rows,
-            "results": [None if r is None else _result_json(r, secrets | echoed) for r in results],
+            "results": [None if r is None else redacted_json(r, secrets | echoed) for r in results],
             "control": None if control is None else type(control).__name__,
         }
         if found is not None:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from typing import Any
 
+from ._credentials import redact_text
 from ._types import Status, ToolResult
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "failure_content",
     "failure_result",
     "normalize_output",
+    "redacted_json",
     "safe_text",
     "shown",
     "well_formed",
@@ -175,3 +178,11 @@ def failure_result(
         started=started,
         duration=duration,
     )
+
+
+def redacted_json(result: ToolResult, secrets: Iterable[str]) -> dict[str, Any]:
+    """`result.to_json()` with each of `secrets` in its content replaced by its marker: a
+    result as a recording, or a session snapshot, keeps it."""
+    recorded = result.to_json()
+    recorded["content"] = redact_text(result.content, secrets)
+    return recorded

@@ -29,10 +29,10 @@ from typing import Any
 import attrs
 import orjson
 
-from ._credentials import redact_collecting, redact_json_text, redact_text
+from ._credentials import redact_call_arguments, redact_text
 from ._history import History
 from ._plan import DedupeEntry, FinishedCall
-from ._results import shown
+from ._results import redacted_json, shown
 from ._types import ToolResult
 
 __all__ = [
@@ -155,20 +155,6 @@ class RowCache:
         return tuple(self._rows)
 
 
-def _redacted_arguments(args: Any) -> tuple[Any, frozenset[str]]:
-    """A row's arguments as a recording writes a call's (`Recorder`): JSON text rewritten
-    only when it holds a credential, a mapping redacted, anything else as it is; and the
-    secrets they hid."""
-    if isinstance(args, str):
-        return redact_json_text(args)
-    if not isinstance(args, Mapping):
-        return args, frozenset()
-    try:
-        return redact_collecting(args)
-    except Exception:  # keys or values the redactor cannot read: as a recording keeps them
-        return args, frozenset()
-
-
 def _redacted_result(result: ToolResult, secrets: Iterable[str]) -> ToolResult:
     """`result` with each secret its content echoes replaced by its marker (`redact_text`)."""
     content = redact_text(result.content, secrets)
@@ -182,7 +168,7 @@ def _redacted_rows(rows: Iterable[_Row]) -> list[tuple[_Row, frozenset[str]]]:
     redacted: list[tuple[_Row, frozenset[str]]] = []
     by_batch: dict[tuple[int, int], set[str]] = {}
     for row in rows:
-        args, found = _redacted_arguments(row[5])
+        args, found = redact_call_arguments(row[5])
         if found:
             by_batch.setdefault((row[0], row[1]), set()).update(found)
         redacted.append(((*row[:5], args, row[6]), found))
@@ -262,12 +248,6 @@ def _redacted_history(h: HistoryState) -> tuple[list[orjson.Fragment], set[str]]
     return rows, secrets
 
 
-def _result_json(result: ToolResult, secrets: Iterable[str]) -> dict[str, Any]:
-    recorded = result.to_json()
-    recorded["content"] = redact_text(result.content, secrets)
-    return recorded
-
-
 def encode_snapshot(snapshot: SessionSnapshot) -> bytes:
     """The snapshot as one JSON document, its credentials redacted (the module says how)."""
     h = snapshot.history
@@ -284,9 +264,9 @@ def encode_snapshot(snapshot: SessionSnapshot) -> bytes:
         "mode": snapshot.mode,
         "core": list(snapshot.core),
         "loaded": sorted(snapshot.loaded),
-        "dedupe": [[key, _result_json(e.result, secrets), sorted(e.reads)] for key, e in snapshot.dedupe],
+        "dedupe": [[key, redacted_json(e.result, secrets), sorted(e.reads)] for key, e in snapshot.dedupe],
         "spent": sorted(snapshot.spent_approvals),
-        "finished": [[call_id, f.key, _result_json(f.result, secrets)] for call_id, f in snapshot.finished],
+        "finished": [[call_id, f.key, redacted_json(f.result, secrets)] for call_id, f in snapshot.finished],
         "history": {
             "calls": h.calls,
             "deduped": h.deduped,
