@@ -527,3 +527,14 @@ def test_a_result_echoing_a_credential_named_as_an_argument_is_told(
     """A result that shows a credential its call gave under a credential's name is told
     apart (kept out of the result cache); one that shows none is not."""
     assert echoes_credentials(args, text) is echoes
+
+
+def test_a_result_of_arguments_the_redactor_cannot_read_counts_as_echoing() -> None:
+    """Arguments whose names cannot be read as text are taken to echo (kept out of the
+    result cache), rather than raising in pass 3."""
+
+    class Unreadable:
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    assert echoes_credentials({"api_key": "sk-abcdef123", Unreadable(): 1}, "anything") is True
